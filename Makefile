@@ -1,0 +1,60 @@
+# textserve — the commands the README shows. Each target is a few lines; the work is in Python.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+HOST ?= 127.0.0.1
+PORT ?= 50051
+METRICS_PORT ?= 8000
+MODEL ?= default
+REPOSITORY ?= models
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: venv serve test lint typecheck pytest protos bench system-deps clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[train,test,dev,bench]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Debian packages the system tests use: the real Prometheus server (and promtool), and
+# docker-compose to validate docker-compose.yml (no engine needed); skipped when present.
+system-deps:
+	@command -v prometheus >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1 || { \
+	  SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
+	    prometheus docker-compose >/dev/null; }
+
+## serve: set up, fetch the default data, train + export the default model if none exists, serve it
+serve: venv
+	$(PY) -m service.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
+	$(PY) -m service.cli serve --repository $(REPOSITORY) --model $(MODEL) \
+	  --listen $(HOST):$(PORT) --metrics-port $(METRICS_PORT)
+
+## test: lint, type-check, every test tier
+test: venv system-deps lint typecheck pytest
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+pytest: venv
+	$(VENV)/bin/pytest -q
+
+## protos: regenerate the committed gRPC code (with .pyi stubs) from protos/
+protos: venv
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. \
+	  protos/textserve/v1/*.proto $$(ls protos/inference/*.proto 2>/dev/null)
+
+## bench: the standard benchmark sweep against a server it starts on the default model
+bench: venv
+	$(PY) -m service.cli bench --repository $(REPOSITORY) --model $(MODEL) --output bench/results
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

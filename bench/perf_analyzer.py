@@ -1,0 +1,273 @@
+"""Load-test a running textserve with NVIDIA's perf_analyzer over the Open Inference Protocol.
+
+A second load generator, independent of ``textserve bench``: Triton's own C++ client drives
+the KServe v2 gRPC API with real texts and reports throughput and p50/p90/p95/p99 latency per
+concurrency level, plus the server-side queue/compute split it reads from ModelStatistics.
+
+    python bench/perf_analyzer.py --url 127.0.0.1:50051 --model default \\
+        --texts runs/<run>/test.jsonl --concurrency 1,2,4,8 --output bench/results
+
+Setup is idempotent (``--setup-only`` does just that): the perf_analyzer that loads on glibc
+2.36 is the one inside the tritonclient 2.51.0 wheel (newer ones need glibc 2.38), so that
+wheel is downloaded with ``pip download --no-deps`` (never installed: it pins old protobuf and
+numpy) and the binary extracted into .tools/perf_analyzer/, next to libcudart.so.12 from
+nvidia-cuda-runtime-cu12 (linked in, though no GPU is used); libb64 comes from apt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+TRITONCLIENT = "tritonclient==2.51.0"
+CUDA_RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
+DEFAULT_TOOLS = Path(".tools/perf_analyzer")
+LATENCY_COLUMNS = ("p50 latency", "p90 latency", "p95 latency", "p99 latency")
+SERVER_COLUMNS = ("Server Queue", "Server Compute Input", "Server Compute Infer")
+
+
+def _download_member(requirement: str, platform: str, member: str, target: Path) -> None:
+    """Fetch one wheel with pip (no deps, no install) and copy one file out of it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [
+                *(sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"),
+                *("--only-binary=:all:", "--platform", platform, "--python-version", "3.11"),
+                *("--dest", tmp, requirement),
+            ],
+            check=True,
+        )
+        (wheel,) = Path(tmp).glob("*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            names = [n for n in archive.namelist() if n.endswith(member)]
+            if not names:
+                raise RuntimeError(f"{wheel.name} has no {member}")
+            partial = target.with_suffix(".partial")
+            partial.write_bytes(archive.read(names[0]))
+            partial.chmod(0o755)
+            partial.replace(target)  # atomic: a half-written binary never looks installed
+
+
+def _has_libb64() -> bool:
+    listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False)
+    return "libb64.so.0d" in listing.stdout
+
+
+def _install_libb64() -> None:
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [*sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", "libb64-0d"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def tool_env(tools: Path) -> dict[str, str]:
+    """The environment perf_analyzer runs in: its directory first on the library path."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(tools.resolve()), env.get("LD_LIBRARY_PATH", "")) if p
+    )
+    return env
+
+
+def ensure_perf_analyzer(tools: Path = DEFAULT_TOOLS) -> Path:
+    """Set up perf_analyzer under ``tools`` if it is not there yet; return the binary's path."""
+    tools.mkdir(parents=True, exist_ok=True)
+    binary = tools / "perf_analyzer"
+    if not binary.exists():
+        _download_member(TRITONCLIENT, "manylinux1_x86_64", "bin/perf_analyzer", binary)
+    if not (tools / "libcudart.so.12").exists():
+        _download_member(
+            CUDA_RUNTIME, "manylinux2014_x86_64", "lib/libcudart.so.12", tools / "libcudart.so.12"
+        )
+    if not _has_libb64():
+        _install_libb64()
+    check = subprocess.run(
+        [str(binary), "--version"], env=tool_env(tools), capture_output=True, text=True
+    )
+    if check.returncode != 0:
+        raise RuntimeError(f"{binary} does not run here:\n{check.stdout}{check.stderr}")
+    return binary
+
+
+def load_texts(path: Path, limit: int) -> list[str]:
+    """Up to ``limit`` non-empty texts from JSONL (field "text"), CSV (column "text") or lines."""
+    texts: list[str] = []
+    with path.open(encoding="utf-8", newline="") as handle:
+        if path.suffix == ".jsonl":
+            rows: Iterable[str] = (json.loads(line)["text"] for line in handle if line.strip())
+        elif path.suffix == ".csv":
+            rows = (row["text"] for row in csv.DictReader(handle))
+        else:
+            rows = (line.rstrip("\n") for line in handle)
+        for text in rows:
+            if text.strip():
+                texts.append(text)
+            if len(texts) == limit:
+                break
+    if not texts:
+        raise ValueError(f"{path} holds no texts (JSONL needs a 'text' field, CSV a 'text' column)")
+    return texts
+
+
+def write_input_data(texts: Sequence[str], path: Path) -> Path:
+    """perf_analyzer's --input-data JSON: one TEXT tensor of shape [1] (the dims) per text.
+
+    With the model's max_batch_size > 0 perf_analyzer adds the batch dimension, so each
+    request carries TEXT of shape [batch, 1], taking the texts round-robin.
+    """
+    data = {"data": [{"TEXT": {"content": [text], "shape": [1]}} for text in texts]}
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def perf_analyzer_command(
+    binary: Path,
+    *,
+    url: str,
+    model: str,
+    concurrency: int,
+    input_data: Path,
+    csv_path: Path,
+    request_count: int,
+    batch_size: int = 1,
+    stability: int = 25,
+    percentile: int | None = None,
+) -> list[str]:
+    """The perf_analyzer command line for one concurrency level over gRPC."""
+    return [
+        str(binary),
+        "-m",
+        model,
+        "-u",
+        url,
+        "-i",
+        "grpc",
+        "-b",
+        str(batch_size),
+        "--input-data",
+        str(input_data),
+        "--concurrency-range",
+        f"{concurrency}:{concurrency}",
+        # count_windows: each window holds a number of requests, not a stretch of time, which
+        # keeps windows comparable on a noisy, shared 2-core machine.
+        "--measurement-mode",
+        "count_windows",
+        "--measurement-request-count",
+        str(request_count),
+        # Stable when three windows in a row agree within this many per cent; 25 rather
+        # than perf_analyzer's 10 because CPU neighbours make p95 jump between windows.
+        "--stability-percentage",
+        str(stability),
+        "-f",
+        str(csv_path),
+        # Stabilize on this latency percentile instead of the average; the CSV reports
+        # p50/p90/p95/p99 either way.
+        *(["--percentile", str(percentile)] if percentile else []),
+    ]
+
+
+def parse_report(csv_path: Path) -> dict[str, float]:
+    """Throughput (texts/s) and latencies (ms) of perf_analyzer's CSV row (µs in the file)."""
+    with csv_path.open(newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    report = {
+        "concurrency": float(row["Concurrency"]),
+        "throughput": float(row["Inferences/Second"]),
+    }
+    for column in LATENCY_COLUMNS + SERVER_COLUMNS:
+        key = column.lower().replace(" latency", "").replace(" ", "_") + "_ms"
+        report[key] = float(row[column]) / 1000.0
+    return report
+
+
+def format_table(reports: Sequence[dict[str, float]]) -> str:
+    """A Markdown table of the reports, ready for the README."""
+    lines = [
+        "| concurrency | texts/s | p50 ms | p90 ms | p95 ms | p99 ms "
+        "| server queue ms | server infer ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in reports:
+        lines.append(
+            f"| {r['concurrency']:.0f} | {r['throughput']:.1f} | {r['p50_ms']:.2f} | "
+            f"{r['p90_ms']:.2f} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | "
+            f"{r['server_queue_ms']:.2f} | {r['server_compute_infer_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def default_texts() -> Path:
+    """The test split of the newest training run: real held-out texts."""
+    runs = sorted(Path("runs").glob("*/test.jsonl"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise SystemExit("no runs/*/test.jsonl found: pass --texts FILE (JSONL, CSV or lines)")
+    return runs[-1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="127.0.0.1:50051", help="textserve's gRPC host:port")
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--texts", type=Path, help="JSONL/CSV/lines of real texts")
+    parser.add_argument("--num-texts", type=int, default=500, help="texts to cycle through")
+    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels")
+    parser.add_argument("--batch-size", type=int, default=1, help="texts per request")
+    parser.add_argument("--request-count", type=int, default=300, help="requests per window")
+    parser.add_argument("--stability", type=int, default=25, help="allowed variation, %%")
+    parser.add_argument("--percentile", type=int, help="stabilize on this percentile, not mean")
+    parser.add_argument("--output", type=Path, default=Path("bench/results"))
+    parser.add_argument("--tools", type=Path, default=DEFAULT_TOOLS)
+    parser.add_argument("--setup-only", action="store_true", help="install perf_analyzer, exit")
+    args = parser.parse_args(argv)
+
+    binary = ensure_perf_analyzer(args.tools)
+    if args.setup_only:
+        print(binary)
+        return 0
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    args.output.mkdir(parents=True, exist_ok=True)
+    texts = load_texts(args.texts or default_texts(), args.num_texts)
+    input_data = write_input_data(texts, args.output / "perf_analyzer_input.json")
+    reports = []
+    for level in levels:
+        csv_path = args.output / f"perf_analyzer_c{level}.csv"
+        command = perf_analyzer_command(
+            binary,
+            url=args.url,
+            model=args.model,
+            concurrency=level,
+            input_data=input_data,
+            csv_path=csv_path,
+            request_count=args.request_count,
+            batch_size=args.batch_size,
+            stability=args.stability,
+            percentile=args.percentile,
+        )
+        print("+", " ".join(command), flush=True)
+        done = subprocess.run(command, env=tool_env(args.tools), capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.stderr.write(done.stdout + done.stderr)
+            return done.returncode
+        reports.append(parse_report(csv_path))
+    summary = args.output / "perf_analyzer.json"
+    summary.write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
+    print(format_table(reports))
+    print(f"wrote {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    shutil.which("ldconfig") or sys.exit("ldconfig not found: perf_analyzer needs a Linux host")
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""In-process benchmark: onnxruntime against PyTorch eager on the CPU, fp32 and int8, one run.
+
+    .venv/bin/python -m export.bench runs/<run-id> [--repository models --name default]
+
+On the run's test-split texts, at batch 1 and 32 (--batch-sizes), each engine runs with the same
+number of CPU threads (--threads). Texts are tokenized once beforehand by the contract's rules,
+so the figures are model time only; engines take turns within each round and the median round
+counts, which keeps drift and neighbours' load from favouring one engine. Targets (reported,
+never asserted): onnxruntime >= 1.5x PyTorch eager at both batch sizes; int8 >= 1.3x fp32 with
+<= 1 point accuracy loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from export import transforms, validate
+from export.errors import ExportError
+from model.checkpoint import Run, load_run
+from service.manifest import MODEL_FILE, Manifest, sha256_file
+
+Predict = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass
+class Measurement:
+    engine: str  # "onnxruntime int8", ...
+    batch_size: int
+    texts_per_second: float  # median over rounds
+    accuracy: float  # on the benchmarked texts
+    rounds: list[float] = field(default_factory=list)
+
+
+@dataclass
+class BenchResult:
+    threads: int
+    n_texts: int
+    model: dict[str, Any]
+    graphs: dict[str, str]  # engine -> where its ONNX graph came from
+    measurements: list[Measurement]
+
+    def get(self, engine: str, batch_size: int) -> Measurement | None:
+        return next(
+            (m for m in self.measurements if m.engine == engine and m.batch_size == batch_size),
+            None,
+        )
+
+    def ratios(self) -> dict[str, float]:
+        """Speed ratios and int8 accuracy changes (points) per batch size."""
+        out: dict[str, float] = {}
+        pairs = {
+            "onnxruntime/pytorch fp32": ("onnxruntime fp32", "pytorch fp32"),
+            "onnxruntime/pytorch int8": ("onnxruntime int8", "pytorch int8"),
+            "int8/fp32 onnxruntime": ("onnxruntime int8", "onnxruntime fp32"),
+            "int8/fp32 pytorch": ("pytorch int8", "pytorch fp32"),
+        }
+        for b in sorted({m.batch_size for m in self.measurements}):
+            for label, (num, den) in pairs.items():
+                a, c = self.get(num, b), self.get(den, b)
+                if a and c and c.texts_per_second > 0:
+                    out[f"{label} @ batch {b}"] = a.texts_per_second / c.texts_per_second
+            a, c = self.get("onnxruntime int8", b), self.get("onnxruntime fp32", b)
+            if a and c:
+                out[f"int8 accuracy change (points) @ batch {b}"] = (a.accuracy - c.accuracy) * 100
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ratios": self.ratios()}
+
+
+def run_benchmark(
+    run_dir: str | Path,
+    *,
+    repository: str | Path | None = None,
+    name: str = "default",
+    batch_sizes: Sequence[int] = (1, 32),
+    threads: int = 1,
+    rounds: int = 5,
+    min_seconds: float = 0.3,
+    max_texts: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> BenchResult:
+    """Measure every engine at every batch size; see the module docstring for the method."""
+    say = progress or (lambda _msg: None)
+    torch.set_num_threads(threads)
+    run = load_run(run_dir)
+    texts, labels = run.test_texts[:max_texts], run.test_labels[:max_texts]
+    with tempfile.TemporaryDirectory(prefix="textserve-bench-") as tmp:
+        graphs = _graphs(run, Path(tmp), repository, name, say)
+        engines = _engines(run, graphs, threads)
+        measurements = []
+        for b in batch_sizes:
+            batches = validate.tokenized_batches(
+                run.tokenizer, texts, max_length=run.max_length, pad_token_id=run.pad_token_id,
+                batch_size=b,
+            )  # fmt: skip
+            measurements += _measure(engines, batches, labels, b, rounds, min_seconds, say)
+    cfg = run.config
+    return BenchResult(
+        threads=threads,
+        n_texts=len(texts),
+        model={
+            "run_dir": str(run.run_dir),
+            "d_model": cfg.d_model,
+            "n_layers": cfg.n_layers,
+            "n_heads": cfg.n_heads,
+            "d_ff": cfg.d_ff,
+            "max_length": cfg.max_length,
+            "parameters": run.model.num_parameters(),
+        },
+        graphs={k: str(v) for k, v in graphs.items()},
+        measurements=measurements,
+    )
+
+
+def _graphs(
+    run: Run, tmp: Path, repository: str | Path | None, name: str, say: Callable[[str], None]
+) -> dict[str, Path]:
+    """fp32 and int8 graphs: the newest of each precision in the repository, or built here."""
+    found: dict[str, Path] = {}
+    if repository is not None:
+        found = _from_repository(Path(repository) / name, sha256_file(run.weights_path))
+    if "fp32" not in found:
+        say("building the fp32 graph (export + onnxruntime offline optimization)")
+        raw, fp32 = tmp / "raw.onnx", tmp / "fp32.onnx"
+        transforms.export_onnx(
+            run.model, raw, max_length=run.max_length, pad_token_id=run.pad_token_id
+        )
+        transforms.optimize_offline(raw, fp32)
+        found["fp32"] = fp32
+    if "int8" not in found:
+        say("building the int8 graph (onnxruntime dynamic quantization)")
+        found["int8"] = tmp / "int8.onnx"
+        transforms.quantize_int8(found["fp32"], found["int8"])
+    return found
+
+
+def _from_repository(model_dir: Path, weights_sha: str) -> dict[str, Path]:
+    if not model_dir.is_dir():
+        raise ExportError(f"{model_dir} does not exist")
+    found: dict[str, Path] = {}
+    versions = sorted(
+        (p for p in model_dir.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name)
+    )
+    for version_dir in versions:
+        manifest = Manifest.read(version_dir)
+        if manifest.source_checkpoint_sha256 != weights_sha:
+            continue  # exported from another checkpoint: comparing it with this run means nothing
+        found.setdefault(manifest.precision, version_dir / MODEL_FILE)
+    return found
+
+
+def _engines(run: Run, graphs: dict[str, Path], threads: int) -> dict[str, Predict]:
+    engines: dict[str, Predict] = {"pytorch fp32": _torch_predict(run.model)}
+    with warnings.catch_warnings():
+        # torch.ao dynamic quantization is deprecated upstream (moving to torchao) but is still
+        # PyTorch's own eager int8 path in the pinned torch, the fair counterpart here.
+        warnings.simplefilter("ignore")
+        quantized = torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(run.model), {torch.nn.Linear}, dtype=torch.qint8
+        )
+    engines["pytorch int8"] = _torch_predict(quantized)
+    for precision in ("fp32", "int8"):
+        session = validate.make_session(graphs[precision], threads=threads)
+        engines[f"onnxruntime {precision}"] = _ort_predict(session)
+    return engines
+
+
+def _torch_predict(model: torch.nn.Module) -> Predict:
+    def predict(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+
+    return predict
+
+
+def _ort_predict(session: Any) -> Predict:
+    def predict(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return validate.onnx_logits(session, ids, mask)
+
+    return predict
+
+
+def _measure(
+    engines: dict[str, Predict],
+    batches: list[validate.Batch],
+    labels: Sequence[int],
+    batch_size: int,
+    rounds: int,
+    min_seconds: float,
+    say: Callable[[str], None],
+) -> list[Measurement]:
+    n_texts = sum(len(ids) for ids, _ in batches)
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    acc: dict[str, float] = {}
+    for name, predict in engines.items():  # warm-up pass, which also gives the accuracy
+        logits = np.concatenate([predict(ids, mask) for ids, mask in batches])
+        acc[name] = validate.accuracy(logits, labels)
+    names = list(engines)
+    for r in range(rounds):
+        # Rotate the order each round so no engine always runs right after another's cache use.
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            predict, passes, start = engines[name], 0, time.perf_counter()
+            while True:
+                for ids, mask in batches:
+                    predict(ids, mask)
+                passes += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= min_seconds:
+                    break
+            rates[name].append(passes * n_texts / elapsed)
+            rate = rates[name][-1]
+            say(f"batch {batch_size:>3}  round {r + 1}/{rounds}  {name:<17} {rate:9.1f} texts/s")
+    return [
+        Measurement(name, batch_size, statistics.median(rates[name]), acc[name], rates[name])
+        for name in names
+    ]
+
+
+def format_report(result: BenchResult) -> str:
+    m = result.model
+    lines = [
+        f"{result.n_texts} test texts, {result.threads} thread(s) per engine, model d_model="
+        f"{m['d_model']} n_layers={m['n_layers']} max_length={m['max_length']} "
+        f"({m['parameters']:,} parameters)",
+        f"{'batch':>5}  {'engine':<17} {'texts/s':>9}  {'vs pytorch fp32':>15}  accuracy",
+    ]
+    for x in result.measurements:
+        base = result.get("pytorch fp32", x.batch_size)
+        ratio = x.texts_per_second / base.texts_per_second if base else float("nan")
+        lines.append(
+            f"{x.batch_size:>5}  {x.engine:<17} {x.texts_per_second:9.1f}  {ratio:14.2f}x  "
+            f"{x.accuracy:.2%}"
+        )
+    lines.append("ratios:")
+    lines += [
+        f"  {k}: {v:+.2f}" if "points" in k else f"  {k}: {v:.2f}x"
+        for k, v in result.ratios().items()
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m export.bench", description=__doc__)
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    parser.add_argument("--repository", type=Path, help="take the graphs from this repository")
+    parser.add_argument("--name", default="default", help="model name in --repository (default)")
+    parser.add_argument("--batch-sizes", default="1,32", help="comma-separated (1,32)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per engine (1)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds; the median counts")
+    parser.add_argument("--min-seconds", type=float, default=0.3, help="per engine per round")
+    parser.add_argument("--max-texts", type=int, help="use only the first N test texts")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    try:
+        sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--batch-sizes must be integers, got {args.batch_sizes!r}")
+    if not sizes or min(sizes) < 1 or args.threads < 1 or args.rounds < 1:
+        parser.error("batch sizes, --threads and --rounds must be >= 1")
+    from model.checkpoint import CheckpointError
+
+    try:
+        result = run_benchmark(
+            args.run_dir,
+            repository=args.repository,
+            name=args.name,
+            batch_sizes=sizes,
+            threads=args.threads,
+            rounds=args.rounds,
+            min_seconds=args.min_seconds,
+            max_texts=args.max_texts,
+            progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+        )
+    except (CheckpointError, ExportError) as exc:
+        print(f"export.bench: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

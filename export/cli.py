@@ -1,0 +1,109 @@
+"""`textserve export RUN_DIR`: export a training run to ONNX as the next version of a model.
+
+Checks before publishing: onnx.checker (full), the graph contract, parity with PyTorch at batch
+1/7/64 × length 1/5/37/max_length (max |Δlogit| <= 1e-4 for fp32), 100% argmax agreement on the
+test split; the same again after onnxruntime's offline optimization; for --quantize int8 and
+--fp16 the test accuracy may drop at most --max-accuracy-drop points. Exit status: 0 published,
+1 a check failed (nothing published), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+# No torch/onnx here: `textserve --help` imports this module; run() imports the exporter.
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (runs/...)")
+    parser.add_argument(
+        "--repository",
+        type=Path,
+        default=Path(os.environ.get("TEXTSERVE_REPOSITORY", "models")),
+        help="the model repository (env TEXTSERVE_REPOSITORY, default: models)",
+    )
+    parser.add_argument(
+        "--name",
+        default=os.environ.get("TEXTSERVE_MODEL", "default"),
+        help="model name: the version goes to REPOSITORY/NAME/<N>/ (env TEXTSERVE_MODEL, "
+        "default: default)",
+    )
+    parser.add_argument(
+        "--quantize", choices=("int8",), help="publish a dynamically quantized INT8 graph"
+    )
+    parser.add_argument(
+        "--fp16", action="store_true", help="publish a float16 graph (for the CUDA provider)"
+    )
+    parser.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=1.0,
+        metavar="POINTS",
+        help="refuse int8/fp16 if test accuracy drops more than this many points (1.0)",
+    )
+    parser.add_argument(
+        "--no-optimize",
+        dest="optimize",
+        action="store_false",
+        help="publish the exporter's graph without onnxruntime's offline optimization",
+    )
+    parser.add_argument("--opset", type=int, default=18, help="ONNX opset, >= 17 (18)")
+    parser.add_argument(
+        "--exporter",
+        choices=("torchscript", "dynamo"),
+        default="torchscript",
+        help="torch.onnx exporter (torchscript: faster export and graph, see export/transforms.py)",
+    )
+    parser.add_argument("--threads", type=int, help="CPU threads for torch and onnxruntime")
+    parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from service.cli import CliError
+
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads must be >= 1, got {args.threads}")
+    from export.errors import CheckFailed, ExportError
+    from export.onnx_export import export_run
+    from service.manifest import MODEL_FILE, Manifest
+
+    try:
+        version_dir = export_run(
+            args.run_dir,
+            args.repository,
+            args.name,
+            quantize=args.quantize,
+            fp16=args.fp16,
+            max_accuracy_drop=args.max_accuracy_drop,
+            optimize=args.optimize,
+            opset=args.opset,
+            exporter=args.exporter,
+            threads=args.threads,
+        )
+    except CheckFailed as exc:
+        # A model that fails a check is a result, not a usage error: exit 1, not 2.
+        print(f"textserve export: {exc}; nothing was published", file=sys.stderr)
+        return 1
+    except ExportError as exc:
+        raise CliError(str(exc)) from None
+    manifest = Manifest.read(version_dir)
+    if args.json:
+        print(manifest.to_json(), end="")
+        return 0
+    size = (version_dir / MODEL_FILE).stat().st_size
+    print(
+        f"published {version_dir}: {manifest.precision}, opset {manifest.opset}, "
+        f"{size / 1e6:.2f} MB, test accuracy {manifest.test_accuracy:.2%}, "
+        f"max |Δlogit| {manifest.parity['max_abs_logit_diff']:.2g}, "
+        f"argmax agreement {manifest.parity['argmax_agreement']:.2%}"
+    )
+    quant = manifest.extra.get("quantization") or manifest.extra.get("fp16")
+    if quant:
+        print(
+            f"  vs fp32: test accuracy {quant['fp32_test_accuracy']:.2%} → "
+            f"{manifest.test_accuracy:.2%} ({quant['accuracy_delta_points']:+.2f} points)"
+        )
+    return 0

@@ -1,0 +1,460 @@
+"""Export a training run to a new version of the model repository: models/<name>/<N>/.
+
+    >>> export_run("runs/20250101-120000-small", "models", "default")  # doctest: +SKIP
+    PosixPath('models/default/1')
+
+The version is built in models/<name>/.tmp-<pid>-XXXX/ and renamed into place only after every
+check passed, so a crash, a full disk or a failed check never leaves a partial version behind
+(a directory whose name is not an integer is not a version). A temporary directory left by a
+process that died (SIGKILL, power loss) is removed by the next export.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+import torch
+
+from export import transforms, validate
+from export.errors import ExportError
+from model.checkpoint import Run
+from service.manifest import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file
+
+logger = logging.getLogger(__name__)
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+TEMP_PREFIX = ".tmp-"
+QUANTIZE_CHOICES = ("int8",)
+# fp16 against the fp32 PyTorch model: float16 keeps ~3 significant digits, so logits of a few
+# units differ by up to ~1e-2; 5e-2 + 1e-2·|logit| leaves room without hiding a broken graph.
+FP16_ATOL = 5e-2
+FP16_RTOL = 1e-2
+
+
+@dataclass
+class _Built:
+    """The graph to publish and what the checks found (goes into the manifest)."""
+
+    graph: Path
+    precision: str
+    opset: int
+    parity: dict[str, float]
+    test_accuracy: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def export_run(
+    run_dir: str | Path,
+    repository: str | Path,
+    name: str,
+    *,
+    quantize: str | None = None,
+    fp16: bool = False,
+    max_accuracy_drop: float = 1.0,
+    optimize: bool = True,
+    opset: int = transforms.DEFAULT_OPSET,
+    exporter: str = transforms.DEFAULT_EXPORTER,
+    atol: float = validate.FP32_ATOL,
+    rtol: float = validate.FP32_RTOL,
+    threads: int | None = None,
+) -> Path:
+    """Export, check and publish the run as the next version of `name`; returns its directory.
+
+    Raises ExportError for bad input (run directory, repository, options) and its subclass
+    CheckFailed when the model fails a check; in both cases nothing is published.
+    """
+    _check_options(name, quantize, fp16, max_accuracy_drop, opset, exporter, atol, rtol)
+    run = _load_run(run_dir, threads)
+    model_dir = Path(repository) / name
+    tmp = _make_temp_dir(model_dir)
+    try:
+        work = tmp / ".work"
+        work.mkdir()
+        built = _build(
+            run,
+            work,
+            quantize=quantize,
+            fp16=fp16,
+            max_accuracy_drop=max_accuracy_drop,
+            optimize=optimize,
+            opset=opset,
+            exporter=exporter,
+            atol=atol,
+            rtol=rtol,
+            threads=threads,
+        )
+        os.replace(built.graph, tmp / MODEL_FILE)
+        shutil.copyfile(run.tokenizer_path, tmp / TOKENIZER_FILE)
+        shutil.rmtree(work)
+        manifest = Manifest(
+            name=name,
+            version=1,  # set by _publish to the version it gets
+            labels=list(run.labels),
+            max_length=run.max_length,
+            pad_token_id=run.pad_token_id,
+            opset=built.opset,
+            precision=built.precision,
+            sha256={f: sha256_file(tmp / f) for f in (MODEL_FILE, TOKENIZER_FILE)},
+            source_checkpoint_sha256=sha256_file(run.weights_path),
+            parity=built.parity,
+            test_accuracy=built.test_accuracy,
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            extra=built.extra,
+        )
+        version_dir = _publish(tmp, model_dir, manifest)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise ExportError(
+                f"writing to {model_dir} failed: {exc.strerror or exc}; nothing was published"
+            ) from exc
+        raise
+    logger.info("published %s (%s)", version_dir, built.precision)
+    return version_dir
+
+
+def _check_options(
+    name: str,
+    quantize: str | None,
+    fp16: bool,
+    max_accuracy_drop: float,
+    opset: int,
+    exporter: str,
+    atol: float,
+    rtol: float,
+) -> None:
+    if not NAME_PATTERN.match(name):
+        raise ExportError(
+            f"model name {name!r} must be letters, digits, '.', '_' or '-' "
+            "(at most 128, not starting with '.', '_' or '-')"
+        )
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise ExportError(
+            f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}"
+        )
+    if quantize and fp16:
+        raise ExportError("choose one of --quantize int8 and --fp16: a version has one precision")
+    if not max_accuracy_drop >= 0:
+        raise ExportError(f"max accuracy drop must be >= 0 points, got {max_accuracy_drop}")
+    if opset < validate.MIN_OPSET:
+        raise ExportError(f"opset must be >= {validate.MIN_OPSET}, got {opset}")
+    if exporter not in transforms.EXPORTERS:
+        raise ExportError(
+            f"exporter must be one of {', '.join(transforms.EXPORTERS)}, got {exporter!r}"
+        )
+    if not (atol >= 0 and rtol >= 0):
+        raise ExportError(f"tolerances must be >= 0, got atol={atol} rtol={rtol}")
+
+
+def _load_run(run_dir: str | Path, threads: int | None) -> Run:
+    from model.checkpoint import CheckpointError, load_run
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return load_run(run_dir)
+    except CheckpointError as exc:
+        raise ExportError(str(exc)) from None
+
+
+def _make_temp_dir(model_dir: Path) -> Path:
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temp_dirs(model_dir)
+        return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=model_dir))
+    except OSError as exc:
+        raise ExportError(
+            f"cannot write to the model repository {model_dir}: {exc.strerror or exc}"
+        ) from None
+
+
+def _remove_stale_temp_dirs(model_dir: Path) -> None:
+    """Remove temp dirs of exports whose process is gone (killed before it could clean up)."""
+    for path in model_dir.glob(f"{TEMP_PREFIX}*"):
+        match = re.match(rf"^{re.escape(TEMP_PREFIX)}(\d+)-", path.name)
+        if match and path.is_dir() and not _pid_alive(int(match.group(1))):
+            logger.info("removing %s, left by an export that did not finish", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def next_version(model_dir: Path) -> int:
+    """1 + the highest integer-named directory (broken ones count: their number stays taken)."""
+    numbers = [int(p.name) for p in model_dir.iterdir() if p.name.isdigit() and p.is_dir()]
+    return max(numbers, default=0) + 1
+
+
+def _publish(tmp: Path, model_dir: Path, manifest: Manifest) -> Path:
+    """Write the manifest last, flush everything to disk, rename tmp to the next free version."""
+    for _ in range(1000):
+        version = next_version(model_dir)
+        final = Manifest(**{**manifest.__dict__, "version": version})
+        final.check()
+        final.write(tmp)
+        _fsync_tree(tmp)
+        # mkdtemp makes the directory 0700; a version must be readable like any other file
+        # (the server may run as another user).
+        os.chmod(tmp, 0o777 & ~_umask())
+        target = model_dir / str(version)
+        try:
+            # rename(2) is atomic: readers see no version or a complete one. It fails on an
+            # existing non-empty directory: another export took that number, so try the next.
+            os.rename(tmp, target)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                continue
+            raise
+        _fsync_dir(model_dir)
+        return target
+    raise ExportError(f"could not find a free version number in {model_dir}")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _build(
+    run: Run,
+    work: Path,
+    *,
+    quantize: str | None,
+    fp16: bool,
+    max_accuracy_drop: float,
+    optimize: bool,
+    opset: int,
+    exporter: str,
+    atol: float,
+    rtol: float,
+    threads: int | None,
+) -> _Built:
+    """Export, check, optimize, check again, then derive the int8/fp16 graph if asked."""
+    inputs = validate.parity_inputs(
+        run.max_length, run.config.vocab_size, pad_token_id=run.pad_token_id
+    )
+    batches = validate.tokenized_batches(
+        run.tokenizer, run.test_texts, max_length=run.max_length, pad_token_id=run.pad_token_id
+    )
+    extra: dict[str, Any] = {
+        "exporter": f"torch.onnx.export ({exporter})",
+        "versions": {
+            "torch": torch.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": ort.__version__,
+        },
+        "run_dir": str(run.run_dir),
+        "test_split_size": len(run.test_texts),
+        "parity_shapes": [f"{ids.shape[0]}x{ids.shape[1]}" for ids, _ in inputs],
+    }
+
+    raw = work / "raw.onnx"
+    logger.info("exporting to ONNX (%s exporter, opset %d)", exporter, opset)
+    transforms.export_onnx(
+        run.model,
+        raw,
+        max_length=run.max_length,
+        pad_token_id=run.pad_token_id,
+        opset=opset,
+        exporter=exporter,
+    )
+    opset_used, max_diff = _check_fp32(
+        raw, run, inputs, atol=atol, rtol=rtol, threads=threads, label="fp32"
+    )
+    graph = raw
+    if optimize:
+        graph = work / "optimized.onnx"
+        logger.info("optimizing offline (onnxruntime, %s level)", transforms.OFFLINE_LEVEL)
+        transforms.optimize_offline(raw, graph)
+        extra["optimization"] = {
+            "onnxruntime_offline_level": transforms.OFFLINE_LEVEL,
+            "max_abs_logit_diff_before": max_diff,
+        }
+        opset_used, max_diff = _check_fp32(
+            graph, run, inputs, atol=atol, rtol=rtol, threads=threads, label="fp32 optimized"
+        )
+    else:
+        extra["optimization"] = None
+    logger.info("checking the whole test split (%d texts)", len(run.test_texts))
+    split = validate.compare_on_texts(graph, run.model, batches, run.test_labels, threads=threads)
+    validate.check_agreement(split, minimum=1.0, label="fp32")
+    extra["reference_test_accuracy"] = split.reference_accuracy
+    parity = {
+        "max_abs_logit_diff": max_diff,
+        "argmax_agreement": split.argmax_agreement,
+        "tolerance": atol,
+        "rtol": rtol,
+        "test_split_max_abs_logit_diff": split.max_abs_logit_diff,
+    }
+    built = _Built(graph, "fp32", opset_used, parity, split.accuracy, extra)
+    if quantize == "int8":
+        return _build_int8(built, run, work, inputs, batches, max_accuracy_drop, threads)
+    if fp16:
+        return _build_fp16(built, run, work, inputs, batches, max_accuracy_drop, threads)
+    return built
+
+
+def _check_fp32(
+    path: Path,
+    run: Run,
+    inputs: list[validate.Batch],
+    *,
+    atol: float,
+    rtol: float,
+    threads: int | None,
+    label: str,
+) -> tuple[int, float]:
+    """(opset, max |Δlogit|) of a graph that passed check_model and the fp32 parity check."""
+    logger.info(
+        "checking %s: onnx.checker, graph contract, parity at %d shapes", label, len(inputs)
+    )
+    opset = validate.check_model(path, num_labels=len(run.labels))
+    report = validate.assert_parity(
+        path, run.model, inputs, rtol=rtol, atol=atol, label=label, threads=threads
+    )
+    return opset, report.max_abs_logit_diff
+
+
+def _build_int8(
+    fp32: _Built,
+    run: Run,
+    work: Path,
+    inputs: list[validate.Batch],
+    batches: list[validate.Batch],
+    max_accuracy_drop: float,
+    threads: int | None,
+) -> _Built:
+    path = work / "int8.onnx"
+    logger.info("quantizing to int8 (dynamic)")
+    settings = transforms.quantize_int8(fp32.graph, path)
+    opset = validate.check_model(path, num_labels=len(run.labels))
+    split = validate.compare_on_texts(path, run.model, batches, run.test_labels, threads=threads)
+    drop = validate.check_accuracy_drop(
+        fp32.test_accuracy, split.accuracy, max_drop_points=max_accuracy_drop, label="int8"
+    )
+    # No logit tolerance for int8: quantization moves logits by design; accuracy is the check.
+    parity = _loose_parity(path, run, inputs, threads)
+    extra = dict(fp32.extra)
+    extra["quantization"] = {
+        **settings,
+        "fp32_test_accuracy": fp32.test_accuracy,
+        "int8_test_accuracy": split.accuracy,
+        "accuracy_delta_points": _points(-drop),
+        "max_accuracy_drop_points": max_accuracy_drop,
+        "fp32_parity": fp32.parity,
+    }
+    parity.update(
+        argmax_agreement=split.argmax_agreement,
+        test_split_max_abs_logit_diff=split.max_abs_logit_diff,
+    )
+    return _Built(path, "int8", opset, parity, split.accuracy, extra)
+
+
+def _build_fp16(
+    fp32: _Built,
+    run: Run,
+    work: Path,
+    inputs: list[validate.Batch],
+    batches: list[validate.Batch],
+    max_accuracy_drop: float,
+    threads: int | None,
+) -> _Built:
+    path = work / "fp16.onnx"
+    logger.info("converting to fp16")
+    settings = transforms.convert_fp16(fp32.graph, path)
+    opset = validate.check_model(path, num_labels=len(run.labels))
+    # fp16 is meant for CUDA; check it there when onnxruntime has it, else on the CPU provider
+    # (which runs float16 graphs too, so the graph is never published unchecked).
+    provider = (
+        "CUDAExecutionProvider"
+        if "CUDAExecutionProvider" in ort.get_available_providers()
+        else "CPUExecutionProvider"
+    )
+    report = validate.assert_parity(
+        path,
+        run.model,
+        inputs,
+        rtol=FP16_RTOL,
+        atol=FP16_ATOL,
+        label="fp16",
+        threads=threads,
+        providers=[provider],
+    )
+    split = validate.compare_on_texts(
+        path, run.model, batches, run.test_labels, threads=threads, providers=[provider]
+    )
+    drop = validate.check_accuracy_drop(
+        fp32.test_accuracy, split.accuracy, max_drop_points=max_accuracy_drop, label="fp16"
+    )
+    extra = dict(fp32.extra)
+    extra["fp16"] = {
+        **settings,
+        "checked_on": provider,
+        "atol": FP16_ATOL,
+        "rtol": FP16_RTOL,
+        "fp32_test_accuracy": fp32.test_accuracy,
+        "accuracy_delta_points": _points(-drop),
+        "max_accuracy_drop_points": max_accuracy_drop,
+        "fp32_parity": fp32.parity,
+    }
+    parity = {
+        "max_abs_logit_diff": report.max_abs_logit_diff,
+        "argmax_agreement": split.argmax_agreement,
+        "tolerance": FP16_ATOL,
+        "rtol": FP16_RTOL,
+        "test_split_max_abs_logit_diff": split.max_abs_logit_diff,
+    }
+    return _Built(path, "fp16", opset, parity, split.accuracy, extra)
+
+
+def _points(value: float) -> float:
+    return round(value, 4) + 0.0  # + 0.0 turns -0.0 into 0.0
+
+
+def _loose_parity(
+    path: Path, run: Run, inputs: list[validate.Batch], threads: int | None
+) -> dict[str, float]:
+    """max |Δlogit| against PyTorch with no bound (for graphs whose check is accuracy).
+
+    An infinite tolerance still fails on NaN or infinite logits.
+    """
+    report = validate.assert_parity(
+        path, run.model, inputs, rtol=0.0, atol=float("inf"), label="int8", threads=threads
+    )
+    return {"max_abs_logit_diff": report.max_abs_logit_diff}

@@ -1,0 +1,4 @@
+"""Training side of textserve: data, tokenizer, TransformerClassifier, training, run directories.
+
+Importing this package imports no torch: the console script imports model.cli to build its parser.
+"""

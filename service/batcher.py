@@ -1,0 +1,537 @@
+"""Dynamic batching: a per-model queue of items, grouped by length into batches run off the loop.
+
+Imports neither grpc nor onnxruntime. `Batcher` takes a plain callable
+`run_batch(payloads) -> np.ndarray` (one output row per payload) and runs it on an executor
+thread, so it is tested with fakes in microseconds and with onnxruntime in integration.
+`Coalescer` does the same for per-request work such as tokenization: everything submitted
+while one run is going on is done together in the next run.
+
+Batch formation (see ../shared/DESIGN.md): the oldest waiting item anchors the batch, so no item
+starves; the batch is filled from the anchor's length bucket outwards (nearest lengths first)
+while it holds fewer than `max_batch_size` items, `items x longest` stays within
+`max_batch_tokens` and, once it has `min_fill` items, padding stays under `max_padding_ratio`. A batch starts when it is full or when its oldest item has waited
+`max_queue_delay`. Items whose caller cancelled or whose deadline passed are dropped before
+inference. The queue is bounded: a request that does not fit is refused at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+
+import numpy as np
+
+from service.config import BatcherConfig
+from service.errors import DeadlineExceededError, InternalError, NotReadyError, OverloadedError
+
+logger = logging.getLogger(__name__)
+
+P = TypeVar("P")  # a payload: whatever run_batch needs per item (token ids, for the model)
+T = TypeVar("T")
+R = TypeVar("R")
+
+BUCKET_WIDTH = 8  # tokens per length bucket: items this close in length pad each other cheaply
+
+
+class BatchObserver(Protocol):
+    """Hooks for metrics; called on the event loop. Implementations must be cheap."""
+
+    def on_batch(
+        self, size: int, padded_tokens: int, padding_ratio: float, seconds: float
+    ) -> None: ...
+
+    def on_queue_waits(self, waits: Sequence[float]) -> None: ...
+
+    def on_queue_depth(self, depth: int) -> None: ...
+
+
+class NullObserver:
+    def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
+        pass
+
+    def on_queue_waits(self, waits: Sequence[float]) -> None:
+        pass
+
+    def on_queue_depth(self, depth: int) -> None:
+        pass
+
+
+@dataclass
+class BatchStats:
+    """Counters since the batcher started (read by GetModel and tests)."""
+
+    batches: int = 0
+    items: int = 0  # items that reached run_batch
+    max_batch_size_seen: int = 0
+    dropped_deadline: int = 0
+    dropped_cancelled: int = 0
+    rejected_overloaded: int = 0  # requests refused because the queue was full
+    padded_tokens: int = 0
+    padding_tokens: int = 0
+    queue_depth: int = 0
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.items / self.batches if self.batches else 0.0
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    outputs: np.ndarray  # (n, ...) one row per submitted payload, in submission order
+    queue_seconds: float  # longest wait of any of the request's items before its batch started
+    inference_seconds: float  # summed run time of the batches that carried the request's items
+
+
+class _Request:
+    """One caller's items: results are written into `outputs`, one future per request."""
+
+    __slots__ = (
+        "deadline",
+        "enqueued",
+        "future",
+        "last_batch",
+        "n",
+        "outputs",
+        "queue_seconds",
+        "remaining",
+        "run_seconds",
+        "seq",
+        "timer",
+    )
+
+    def __init__(self, n: int, future: asyncio.Future[None], enqueued: float, seq: int) -> None:
+        self.n = n
+        self.future = future
+        self.enqueued = enqueued
+        self.seq = seq
+        self.remaining = n
+        self.outputs: np.ndarray | None = None
+        self.deadline: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.queue_seconds = 0.0
+        self.run_seconds = 0.0
+        self.last_batch = -1
+
+
+class _Item(NamedTuple):
+    request: _Request
+    row: int  # row in the request's outputs
+    length: int  # tokens
+    payload: Any
+
+
+class Batcher(Generic[P]):
+    """The queue and batching loop of one model version. Use on one event loop:
+
+    >>> batcher = Batcher(lambda payloads: np.ones((len(payloads), 2)), BatcherConfig())
+    >>> async def demo():
+    ...     batcher.start()
+    ...     result = await batcher.submit(["a", "bb"], [1, 2])
+    ...     await batcher.close()
+    ...     return result.outputs.shape
+    >>> asyncio.run(demo())
+    (2, 2)
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[P]], np.ndarray],
+        config: BatcherConfig,
+        *,
+        executor: Executor | None = None,
+        workers: int = 1,
+        observer: BatchObserver | None = None,
+        name: str = "model",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._run_batch = run_batch
+        self.config = config
+        self.name = name
+        self._own_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(workers, thread_name_prefix=f"infer-{name}")
+        self._workers_n = workers
+        self._observer = observer or NullObserver()
+        self._clock = clock
+        self._buckets: dict[int, deque[_Item]] = {}
+        self._count = 0  # items in buckets (dead ones included until popped)
+        self._queued_tokens = 0
+        self._seq = 0
+        self._batch_seq = 0
+        self._running_batches = 0
+        self.stats = BatchStats()
+        self._closed = False
+        self._flushing = False
+        self._wakeup: asyncio.Event | None = None
+        self._resumed: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the batching workers on the running loop."""
+        self._wakeup = asyncio.Event()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks = [
+            asyncio.get_running_loop().create_task(self._worker(), name=f"batcher-{self.name}")
+            for _ in range(self._workers_n)
+        ]
+
+    def pause(self) -> None:
+        """Hold batches back (items keep queueing) until resume(); for tests and maintenance."""
+        assert self._resumed is not None, "start() first"
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        assert self._resumed is not None, "start() first"
+        self._resumed.set()
+
+    def flush(self) -> None:
+        """Stop waiting for batches to fill: the drain phase runs everything queued at once."""
+        self._flushing = True
+        self.resume()
+        self._wake()
+
+    async def close(self, timeout: float | None = 0.0) -> None:
+        """Refuse new work, let queued work run for up to `timeout` seconds (None: no limit),
+        then fail what is left with NotReadyError and stop the workers."""
+        self._closed = True
+        self.flush()
+        if self._idle is not None and timeout != 0:
+            try:
+                await asyncio.wait_for(self._wait_idle(), timeout)
+            except TimeoutError:
+                logger.warning(
+                    "%s: %d queued texts left after the grace period", self.name, self._count
+                )
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        left = self._pop_all()
+        if left:
+            logger.warning("%s: cancelled %d queued texts at shutdown", self.name, left)
+        if self._own_executor:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _wait_idle(self) -> None:
+        assert self._idle is not None
+        while self._count or self._running_batches:
+            self._idle.clear()
+            await self._idle.wait()
+
+    # -- submitting --------------------------------------------------------------------------
+
+    async def submit(
+        self, payloads: Sequence[P], lengths: Sequence[int], *, deadline: float | None = None
+    ) -> BatchResult:
+        """Queue one request's items and wait for their outputs.
+
+        `deadline` is absolute, on the batcher's clock (time.monotonic()). Raises
+        OverloadedError at once when the queue cannot take all items, DeadlineExceededError
+        when the deadline passes first, NotReadyError once closed.
+        """
+        n = len(payloads)
+        if n == 0 or len(lengths) != n:
+            raise ValueError(f"submit needs one length per payload, got {n} and {len(lengths)}")
+        if self._closed or self._wakeup is None:
+            raise NotReadyError(f"model {self.name!r} is not accepting requests (shutting down)")
+        now = self._clock()
+        if deadline is not None and deadline <= now:
+            raise DeadlineExceededError("the deadline had passed before the request was queued")
+        limit = self.config.max_queue_size
+        if self._count + n > limit:
+            self.stats.rejected_overloaded += 1
+            if n > limit:
+                raise OverloadedError(
+                    f"{n} texts can never fit model {self.name!r}'s queue of {limit}; "
+                    "send fewer texts per request"
+                )
+            raise OverloadedError(
+                f"model {self.name!r} is overloaded: {self._count} texts queued (limit {limit}); "
+                "retry later"
+            )
+        loop = asyncio.get_running_loop()
+        self._seq += 1
+        request = _Request(n, loop.create_future(), now, self._seq)
+        buckets = self._buckets
+        for index in range(n):
+            length = lengths[index]
+            key = (length - 1) // BUCKET_WIDTH
+            bucket = buckets.get(key)
+            if bucket is None:
+                bucket = buckets[key] = deque()
+            bucket.append(_Item(request, index, length, payloads[index]))
+            self._queued_tokens += length
+        self._count += n
+        self._observer.on_queue_depth(self._count)
+        self._wake()
+        if deadline is not None:
+            request.deadline = deadline
+            request.timer = loop.call_later(deadline - now, self._expire, request)
+        try:
+            await request.future
+        finally:
+            if request.timer is not None:
+                request.timer.cancel()
+        assert request.outputs is not None
+        return BatchResult(request.outputs, request.queue_seconds, request.run_seconds)
+
+    def _expire(self, request: _Request) -> None:
+        if not request.future.done():
+            waited = self._clock() - request.enqueued
+            request.future.set_exception(
+                DeadlineExceededError(
+                    f"deadline exceeded after {waited:.3f}s waiting for model {self.name!r}"
+                )
+            )
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    # -- batching ----------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wait_for_batch()
+            batch = self._take_batch(self._clock())
+            self._observer.on_queue_depth(self._count)
+            if not batch:
+                self._notify_idle()
+                continue
+            self._running_batches += 1
+            try:
+                await self._run(loop, batch)
+            finally:
+                self._running_batches -= 1
+                self._notify_idle()
+
+    def _notify_idle(self) -> None:
+        if self._idle is not None and not self._count and not self._running_batches:
+            self._idle.set()
+
+    async def _wait_for_batch(self) -> None:
+        """Return when a batch should start: full, oldest item waited long enough, or flushing."""
+        assert self._wakeup is not None and self._resumed is not None
+        config = self.config
+        while True:
+            if not self._resumed.is_set():
+                await self._resumed.wait()
+                continue
+            if not self._count:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if (
+                self._flushing
+                or self._count >= config.max_batch_size
+                or self._queued_tokens >= config.max_batch_tokens
+            ):
+                return
+            oldest = min(bucket[0].request.enqueued for bucket in self._buckets.values())
+            wait = oldest + config.max_queue_delay - self._clock()
+            if wait <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), wait)
+            except TimeoutError:
+                return
+
+    def _take_batch(self, now: float) -> list[_Item]:
+        """Pop the next batch: anchored on the oldest item, filled with the nearest lengths."""
+        if not self._buckets:
+            return []
+        buckets = self._buckets
+        anchor = min(buckets, key=lambda k: buckets[k][0].request.seq)
+        # nearest buckets first; at equal distance the shorter one, which cannot raise the
+        # batch's padded width as much
+        keys = sorted(buckets, key=lambda k: (abs(k - anchor), k))
+        config = self.config
+        max_items, max_tokens = config.max_batch_size, config.max_batch_tokens
+        max_padding, min_fill = config.max_padding_ratio, config.min_fill
+        batch: list[_Item] = []
+        longest = real = 0
+        for key in keys:
+            bucket = buckets[key]
+            while bucket and len(batch) < max_items:
+                item = bucket[0]
+                request = item.request
+                if request.future.done():  # cancelled, expired or failed: drop before inference
+                    self._pop(bucket, item)
+                    self._count_drop(request)
+                    continue
+                if request.deadline is not None and request.deadline <= now:
+                    self._pop(bucket, item)
+                    self._expire(request)
+                    self.stats.dropped_deadline += 1
+                    continue
+                width = max(longest, item.length)
+                padded = (len(batch) + 1) * width
+                if batch and padded > max_tokens:
+                    break
+                if len(batch) >= min_fill and real + item.length < (1 - max_padding) * padded:
+                    break  # too much padding: this bucket waits for a batch of its own
+                self._pop(bucket, item)
+                batch.append(item)
+                longest = width
+                real += item.length
+            if not bucket:
+                del buckets[key]
+            if len(batch) >= max_items:
+                break
+        return batch
+
+    def _pop(self, bucket: deque[_Item], item: _Item) -> None:
+        bucket.popleft()
+        self._count -= 1
+        self._queued_tokens -= item.length
+
+    def _count_drop(self, request: _Request) -> None:
+        future = request.future
+        if not future.cancelled() and isinstance(future.exception(), DeadlineExceededError):
+            self.stats.dropped_deadline += 1
+        else:
+            self.stats.dropped_cancelled += 1
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> None:
+        started = self._clock()
+        self._batch_seq += 1
+        batch_id = self._batch_seq
+        try:
+            outputs = await loop.run_in_executor(
+                self._executor, self._run_batch, [item.payload for item in batch]
+            )
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"run_batch returned {len(outputs)} rows for {len(batch)} items")
+        except asyncio.CancelledError:
+            self._fail(batch, NotReadyError(f"model {self.name!r} stopped during inference"))
+            raise
+        except Exception as exc:
+            # Logged once here rather than once per caller; callers get a ServiceError.
+            logger.exception("%s: inference failed for a batch of %d", self.name, len(batch))
+            self._fail(batch, InternalError(f"inference failed ({type(exc).__name__})"))
+            return
+        seconds = self._clock() - started
+        size = len(batch)
+        lengths = [item.length for item in batch]
+        width = max(lengths)
+        padded = size * width
+        stats = self.stats
+        stats.batches += 1
+        stats.items += size
+        stats.max_batch_size_seen = max(stats.max_batch_size_seen, size)
+        stats.padded_tokens += padded
+        stats.padding_tokens += padded - sum(lengths)
+        self._observer.on_batch(size, padded, 1.0 - sum(lengths) / padded, seconds)
+        self._observer.on_queue_waits([started - item.request.enqueued for item in batch])
+        for row, item in enumerate(batch):
+            request = item.request
+            if request.future.done():
+                continue  # the caller left while its batch ran
+            if request.outputs is None:
+                request.outputs = np.empty((request.n, *outputs.shape[1:]), outputs.dtype)
+            request.outputs[item.row] = outputs[row]
+            request.queue_seconds = max(request.queue_seconds, started - request.enqueued)
+            if request.last_batch != batch_id:
+                request.last_batch = batch_id
+                request.run_seconds += seconds
+            request.remaining -= 1
+            if not request.remaining:
+                request.future.set_result(None)
+
+    def _fail(self, batch: list[_Item], exc: Exception) -> None:
+        for item in batch:
+            if not item.request.future.done():
+                item.request.future.set_exception(exc)
+
+    def _pop_all(self) -> int:
+        left = 0
+        for bucket in self._buckets.values():
+            for item in bucket:
+                if not item.request.future.done():
+                    left += 1
+                    item.request.future.set_exception(
+                        NotReadyError(f"model {self.name!r} shut down before this request ran")
+                    )
+        self._buckets.clear()
+        self._count = self._queued_tokens = 0
+        self._observer.on_queue_depth(0)
+        return left
+
+    def snapshot(self) -> BatchStats:
+        """A copy of the statistics with the current queue depth."""
+        stats = BatchStats(**{k: getattr(self.stats, k) for k in BatchStats.__dataclass_fields__})
+        stats.queue_depth = self._count
+        return stats
+
+
+class Coalescer(Generic[T, R]):
+    """Run `fn(items) -> results` (one result per item) on an executor, coalescing callers.
+
+    At most one run is in flight; whatever callers submit meanwhile goes into the next run
+    together, so under load one thread hop serves many requests (tokenizers' encode_batch is
+    parallel inside and releases the GIL).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[list[T]], Sequence[R]],
+        executor: Executor,
+        *,
+        on_run: Callable[[int, float], None] | None = None,  # (items, seconds) per run
+    ) -> None:
+        self._fn = fn
+        self._executor = executor
+        self._on_run = on_run
+        self._pending: list[tuple[Sequence[T], asyncio.Future[Sequence[R]]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def run(self, items: Sequence[T]) -> Sequence[R]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Sequence[R]] = loop.create_future()
+        self._pending.append((items, future))
+        if self._task is None:
+            self._task = loop.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._pending:
+                jobs, self._pending = self._pending, []
+                jobs = [(items, fut) for items, fut in jobs if not fut.done()]
+                if not jobs:
+                    continue
+                flat = [x for items, _ in jobs for x in items]
+                started = time.perf_counter()
+                try:
+                    results = await loop.run_in_executor(self._executor, self._fn, flat)
+                except Exception as exc:
+                    for _, fut in jobs:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                if self._on_run is not None:
+                    self._on_run(len(flat), time.perf_counter() - started)
+                offset = 0
+                for items, fut in jobs:
+                    end = offset + len(items)
+                    if not fut.done():
+                        fut.set_result(results[offset:end])
+                    offset = end
+        finally:
+            self._task = None

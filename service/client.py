@@ -1,0 +1,227 @@
+"""The textserve client library: a synchronous `Client` and an asyncio `AsyncClient`.
+
+    with Client("127.0.0.1:50051") as client:
+        result = client.classify(["a gripping, beautifully acted film"])
+        print(result.predictions[0].label, result.predictions[0].score)
+
+    async with AsyncClient("127.0.0.1:50051") as client:
+        result = await client.classify(["..."], all_scores=True)
+
+Server errors arrive as `ClientError` with the gRPC code name and the server's message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from textserve.v1 import classifier_pb2 as pb
+from textserve.v1 import classifier_pb2_grpc as pb_grpc
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
+class ClientError(Exception):
+    """A call that failed: `code` is the gRPC status code name (e.g. "INVALID_ARGUMENT")."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def from_rpc(cls, error: grpc.RpcError) -> ClientError:
+        code = error.code() if hasattr(error, "code") else None
+        details = error.details() if hasattr(error, "details") else str(error)
+        return cls(code.name if code is not None else "UNKNOWN", details or "")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    score: float
+    scores: dict[str, float] = field(default_factory=dict)  # every label, with all_scores=True
+    top: list[tuple[str, float]] = field(default_factory=list)  # best top_k, with top_k > 0
+    num_tokens: int = 0
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class ClassifyResult:
+    model: str
+    version: int
+    predictions: list[Prediction]
+    timing: dict[str, float]  # queue/tokenize/inference/total seconds on the server
+
+
+def _request(
+    texts: Sequence[str],
+    model: str | None,
+    version: int | None,
+    truncate: bool | None,
+    top_k: int,
+    all_scores: bool,
+    request_id: str,
+) -> pb.ClassifyRequest:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of strings, not one string")
+    request = pb.ClassifyRequest(
+        id=request_id,
+        texts=list(texts),
+        model=model or "",
+        version=version or 0,
+        top_k=top_k,
+        all_scores=all_scores,
+    )
+    if truncate is not None:
+        request.truncate = truncate
+    return request
+
+
+def to_result(response: pb.ClassifyResponse) -> ClassifyResult:
+    labels = list(response.labels)
+    predictions = [
+        Prediction(
+            label=r.label,
+            score=r.score,
+            scores=dict(zip(labels, r.scores, strict=False)) if r.scores else {},
+            top=[(t.label, t.score) for t in r.top],
+            num_tokens=r.num_tokens,
+            truncated=r.truncated,
+        )
+        for r in response.results
+    ]
+    t = response.timing
+    return ClassifyResult(
+        model=response.model,
+        version=response.model_version,
+        predictions=predictions,
+        timing={
+            "queue_seconds": t.queue_seconds,
+            "tokenize_seconds": t.tokenize_seconds,
+            "inference_seconds": t.inference_seconds,
+            "total_seconds": t.total_seconds,
+        },
+    )
+
+
+class Client:
+    """Blocking client over one channel; thread-safe (gRPC channels are)."""
+
+    def __init__(self, target: str = DEFAULT_SERVER, *, timeout: float | None = 30.0) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(target, options=_OPTIONS)
+        self.stub = pb_grpc.ClassifierStub(self._channel)
+
+    def classify(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        truncate: bool | None = None,
+        top_k: int = 0,
+        all_scores: bool = False,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> ClassifyResult:
+        request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
+        try:
+            response = self.stub.Classify(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+        return to_result(response)
+
+    def list_models(self) -> pb.ListModelsResponse:
+        return self._call(self.stub.ListModels, pb.ListModelsRequest())
+
+    def get_model(self, name: str | None = None, version: int | None = None) -> pb.ModelInfo:
+        return self._call(
+            self.stub.GetModel, pb.GetModelRequest(name=name or "", version=version or 0)
+        )
+
+    def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio client over one grpc.aio channel; create it inside the running loop."""
+
+    def __init__(self, target: str = DEFAULT_SERVER, *, timeout: float | None = 30.0) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(target, options=_OPTIONS)
+        self.stub = pb_grpc.ClassifierStub(self._channel)
+
+    async def classify(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        truncate: bool | None = None,
+        top_k: int = 0,
+        all_scores: bool = False,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> ClassifyResult:
+        request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
+        try:
+            response = await self.stub.Classify(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+        return to_result(response)
+
+    async def list_models(self) -> pb.ListModelsResponse:
+        return await self._call(self.stub.ListModels, pb.ListModelsRequest())
+
+    async def get_model(self, name: str | None = None, version: int | None = None) -> pb.ModelInfo:
+        return await self._call(
+            self.stub.GetModel, pb.GetModelRequest(name=name or "", version=version or 0)
+        )
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,106 @@
+"""Serving configuration: one frozen dataclass per component, built once at the edge (serve_cli).
+
+Nothing below the edge reads os.environ or flags; components get these objects. Each
+dataclass validates itself and says what to do when a value is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message says which flag and what to do."""
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (cgroup/affinity aware where the OS tells)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    max_batch_size: int = 64  # texts per batch
+    max_batch_tokens: int = 8192  # padded tokens per batch: n_texts x longest text in the batch
+    max_queue_delay: float = 0.002  # seconds the oldest text may wait for its batch to fill
+    max_queue_size: int = 4096  # texts waiting per model; beyond it requests are refused at once
+    # Once a batch has min_fill texts, a text that would make more than this fraction of the
+    # batch's tokens padding waits for a batch of its own length instead (padding is compute).
+    max_padding_ratio: float = 0.25
+    min_fill: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ConfigError(f"--max-batch-size must be at least 1, got {self.max_batch_size}")
+        if self.max_batch_tokens < 1:
+            raise ConfigError(f"--max-batch-tokens must be at least 1, got {self.max_batch_tokens}")
+        if not 0 <= self.max_queue_delay <= 10:
+            raise ConfigError(
+                "--max-queue-delay-ms must be between 0 and 10000, "
+                f"got {self.max_queue_delay * 1e3:g}"
+            )
+        if self.max_queue_size < 1:
+            raise ConfigError(f"--max-queue-size must be at least 1, got {self.max_queue_size}")
+        if not 0 <= self.max_padding_ratio <= 1:
+            raise ConfigError(
+                f"--max-padding-ratio must be between 0 and 1, got {self.max_padding_ratio}"
+            )
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    device: str = "auto"  # auto: CUDA when onnxruntime offers it, else CPU; cpu; cuda (or fail)
+    intra_op_threads: int = 0  # threads inside one operator; 0: the usable CPUs
+    inter_op_threads: int = 1  # operators run in parallel; 1 because our graphs are sequential
+    inference_threads: int = 1  # batches run at the same time per model (one is right on CPU)
+    warmup: bool = True  # run a few batches before reporting SERVING
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
+            raise ConfigError("--intra-op-threads and --inter-op-threads must be 0 (auto) or more")
+        if self.inference_threads < 1:
+            raise ConfigError(
+                f"--inference-threads must be at least 1, got {self.inference_threads}"
+            )
+
+    def resolved_intra_op_threads(self) -> int:
+        # All usable cores for one session: tokenization (Rust, GIL released) and the event
+        # loop are short bursts between batches, so more threads would only oversubscribe.
+        return self.intra_op_threads or usable_cpus()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    repository: Path = Path("models")  # models/<name>/<version>/
+    model: str | None = None  # the default model; None: the only model in the repository
+    listen: str = "127.0.0.1:50051"  # host:port; port 0 picks a free one
+    metrics_port: int | None = 8000  # Prometheus /metrics; 0 picks a free one; None: off
+    metrics_host: str = "127.0.0.1"
+    max_texts_per_request: int = 1024
+    grace_period: float = 30.0  # seconds to finish in-flight work on SIGTERM/SIGINT
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(
+                f"--listen must be HOST:PORT (e.g. 127.0.0.1:50051), got {self.listen!r}"
+            )
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port must be 0-65535 or 'off', got {self.metrics_port}")
+        if self.max_texts_per_request < 1:
+            raise ConfigError(
+                f"--max-texts-per-request must be at least 1, got {self.max_texts_per_request}"
+            )
+        if self.grace_period < 0:
+            raise ConfigError(f"--grace-period must be 0 or more, got {self.grace_period}")

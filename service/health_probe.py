@@ -1,0 +1,53 @@
+"""A container health probe: ask the server's gRPC health service, exit 0 only if SERVING.
+
+The Dockerfile's HEALTHCHECK runs ``python -m service.health_probe``; it needs nothing the
+serving image lacks (no grpc_health_probe binary to fetch and trust). Use::
+
+    python -m service.health_probe --address 127.0.0.1:50051 [--service NAME] [--timeout 3]
+
+Exit status: 0 SERVING, 1 anything else (NOT_SERVING, unknown service, unreachable, timeout),
+with one line on stderr saying which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+
+
+def probe(address: str, service: str = "", timeout: float = 3.0) -> tuple[bool, str]:
+    """Check ``service`` ("" = the whole server) at ``address``: (serving?, what was seen)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            name = code.name if code is not None else "ERROR"
+            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            return False, f"{address}: {name}: {details}"
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING, f"{address}: {status}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m service.health_probe", description=__doc__)
+    parser.add_argument("--address", default=DEFAULT_ADDRESS, help="server HOST:PORT")
+    parser.add_argument("--service", default="", help='health service name ("" = server)')
+    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for a reply")
+    args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be positive, got {args.timeout}")
+    serving, seen = probe(args.address, args.service, args.timeout)
+    print(seen, file=sys.stderr)
+    return 0 if serving else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

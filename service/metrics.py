@@ -1,0 +1,436 @@
+"""Every Prometheus metric of the server, in one place, with an injectable registry.
+
+Use::
+
+    metrics = Metrics()                      # a fresh registry with process/platform/GC metrics
+    metrics.init_model("default")            # every series of the model exists, at zero
+    metrics.set_model_info("default", "3", "CPUExecutionProvider")
+    metrics.observe_request("Classify", "default", "OK", 0.0042)
+    metrics.observe_batch("default", size=8, tokens=8 * 24, padding_ratio=0.21)
+    server, port = start_metrics_server(8000, "0.0.0.0", metrics.registry)
+    ...
+    server.close()
+
+Tests pass ``Metrics(CollectorRegistry())`` and read values with ``registry.get_sample_value``.
+
+Label values come only from small fixed sets (methods, gRPC codes, failure reasons) or from
+model names the server loaded: a request naming an unknown model is counted under
+``UNKNOWN_MODEL``, so user text never becomes a label value.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+__all__ = [
+    "BATCH_SIZE_BUCKETS",
+    "BATCH_TOKEN_BUCKETS",
+    "CODES",
+    "FAILURE_REASONS",
+    "LATENCY_BUCKETS",
+    "LOAD_FAILURE_REASONS",
+    "METHODS",
+    "PADDING_RATIO_BUCKETS",
+    "UNKNOWN_MODEL",
+    "Metrics",
+    "MetricsServer",
+    "padding_ratio",
+    "reason_for_code",
+    "start_metrics_server",
+]
+
+# The RPCs that are measured: the label `method` takes exactly these values.
+METHODS: tuple[str, ...] = ("Classify", "ClassifyStream", "ModelInfer")
+
+# gRPC status code names (grpc.StatusCode.X.name); the label `code` takes exactly these values.
+CODES: tuple[str, ...] = (
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+)
+
+# Why a request failed: the label `reason` of textserve_request_failures_total.
+FAILURE_REASONS: tuple[str, ...] = (
+    "invalid_argument",  # bad input: empty text, over-long text with truncate=false, bad tensor
+    "not_found",  # no such model or version
+    "resource_exhausted",  # the queue was full (back-pressure)
+    "deadline_exceeded",  # the caller's deadline passed before the result was ready
+    "cancelled",  # the caller went away
+    "unavailable",  # not ready yet, or draining for shutdown
+    "unauthenticated",  # missing or wrong credentials
+    "permission_denied",  # credentials valid but not allowed (e.g. admin RPCs)
+    "failed_precondition",  # the request is valid but the model's state forbids it
+    "unimplemented",  # an RPC or feature the server does not offer
+    "internal",  # a bug or a runtime failure (UNKNOWN, INTERNAL, DATA_LOSS)
+    "other",  # any other non-OK code
+)
+
+# Why a model version failed to load: the label `reason` of textserve_model_load_failures_total.
+LOAD_FAILURE_REASONS: tuple[str, ...] = (
+    "invalid_manifest",  # manifest.json missing fields or unreadable
+    "checksum_mismatch",  # model.onnx does not match the sha256 in the manifest
+    "session_error",  # onnxruntime could not create a session (bad graph, provider missing)
+    "warmup_error",  # the warm-up inference failed
+    "other",
+)
+
+# The model label of requests that named a model the server never loaded.
+UNKNOWN_MODEL = "_unknown"
+
+_REASON_BY_CODE: dict[str, str] = {
+    "CANCELLED": "cancelled",
+    "UNKNOWN": "internal",
+    "INVALID_ARGUMENT": "invalid_argument",
+    "OUT_OF_RANGE": "invalid_argument",
+    "DEADLINE_EXCEEDED": "deadline_exceeded",
+    "NOT_FOUND": "not_found",
+    "PERMISSION_DENIED": "permission_denied",
+    "RESOURCE_EXHAUSTED": "resource_exhausted",
+    "FAILED_PRECONDITION": "failed_precondition",
+    "UNIMPLEMENTED": "unimplemented",
+    "INTERNAL": "internal",
+    "DATA_LOSS": "internal",
+    "UNAVAILABLE": "unavailable",
+    "UNAUTHENTICATED": "unauthenticated",
+}
+
+
+def _decades(
+    low_exponent: int, high_exponent: int, mantissas: Sequence[float]
+) -> tuple[float, ...]:
+    bounds = [round(m * 10.0**e, 6) for e in range(low_exponent, high_exponent) for m in mantissas]
+    return (*bounds, round(10.0**high_exponent, 6))
+
+
+# 100 µs … 10 s, nine bounds a decade (at most 50 % apart) so that p50/p95/p99 from
+# histogram_quantile are within a few per cent across the whole range; 46 buckets.
+LATENCY_BUCKETS: tuple[float, ...] = _decades(-4, 1, (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8))
+# Items per batch: 1 … 1024.
+BATCH_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(11))
+# Padded tokens per batch (items × longest item): 1 … 65536.
+BATCH_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(17))
+# Fraction of a batch's tokens that are padding; the 0 bucket counts batches without any.
+PADDING_RATIO_BUCKETS: tuple[float, ...] = (
+    0.0,
+    0.05,
+    0.1,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.9,
+    1.0,
+)
+
+
+def reason_for_code(code: str) -> str:
+    """The failure reason for a gRPC status code name: ``reason_for_code("NOT_FOUND")``."""
+    if code not in CODES:
+        raise ValueError(f"unknown gRPC status code name {code!r}; expected one of {CODES}")
+    if code == "OK":
+        raise ValueError("OK is not a failure")
+    return _REASON_BY_CODE.get(code, "other")
+
+
+def padding_ratio(lengths: Sequence[int], padded_length: int | None = None) -> float:
+    """Padded tokens wasted / all tokens of a batch: ``padding_ratio([3, 5]) == 0.2``.
+
+    ``padded_length`` defaults to the longest item (padding to the longest in the batch).
+    """
+    if not lengths:
+        return 0.0
+    width = max(lengths) if padded_length is None else padded_length
+    if width < max(lengths) or min(lengths) < 0:
+        raise ValueError(f"padded length {width} is shorter than an item of {lengths}")
+    total = len(lengths) * width
+    return 0.0 if total == 0 else 1.0 - sum(lengths) / total
+
+
+def _default_registry() -> CollectorRegistry:
+    """A fresh registry with what prometheus_client's global one has: process, platform, GC.
+
+    A fresh one rather than the global REGISTRY so that several servers in one process (tests,
+    benchmarks) never clash with "Duplicated timeseries"; the process metrics
+    (process_cpu_seconds_total, process_resident_memory_bytes) are still exposed.
+    """
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+class Metrics:
+    """The server's metrics on one registry (a fresh one with process metrics by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = _default_registry() if registry is None else registry
+        r = self.registry
+        self.request_duration = Histogram(
+            "textserve_request_duration_seconds",
+            "Time from receiving a request to sending its response, by RPC and status code",
+            ["method", "model", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_duration = Histogram(
+            "textserve_queue_duration_seconds",
+            "Time an item waited in the batching queue before its batch started",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokenize_duration = Histogram(
+            "textserve_tokenize_duration_seconds",
+            "Time to tokenize, truncate and pad one batch",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            "textserve_inference_duration_seconds",
+            "Time of one onnxruntime run over a batch",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "textserve_batch_size",
+            "Items (texts) per batch sent to the model",
+            ["model"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "textserve_batch_tokens",
+            "Tokens per batch including padding (items x padded length)",
+            ["model"],
+            buckets=BATCH_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.batch_padding_ratio = Histogram(
+            "textserve_batch_padding_ratio",
+            "Fraction of a batch's tokens that are padding (wasted compute)",
+            ["model"],
+            buckets=PADDING_RATIO_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "textserve_queue_depth",
+            "Items waiting in the model's batching queue",
+            ["model"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "textserve_requests",
+            "Requests received, by RPC (a stream counts each message)",
+            ["method", "model"],
+            registry=r,
+        )
+        self.request_failures = Counter(
+            "textserve_request_failures",
+            "Requests that ended with a non-OK status, by reason",
+            ["method", "model", "reason"],
+            registry=r,
+        )
+        self.model_info = Gauge(
+            "textserve_model_info",
+            "1 for the version of each model being served, with its execution provider",
+            ["model", "version", "provider"],
+            registry=r,
+        )
+        self.model_load_failures = Counter(
+            "textserve_model_load_failures",
+            "Model versions that failed to load, by reason",
+            ["model", "reason"],
+            registry=r,
+        )
+        self._lock = threading.Lock()
+        self._models: set[str] = set()
+        self._info: dict[str, tuple[str, str]] = {}
+
+    # -- models --------------------------------------------------------------------------
+
+    def init_model(self, model: str) -> None:
+        """Create every series of ``model`` at zero so dashboards have data before traffic."""
+        if not model:
+            raise ValueError("model name must not be empty")
+        with self._lock:
+            self._models.add(model)
+        for method in METHODS:
+            self.request_duration.labels(method, model, "OK")
+            self.requests.labels(method, model)
+            for reason in FAILURE_REASONS:
+                self.request_failures.labels(method, model, reason)
+        for histogram in (
+            self.queue_duration,
+            self.tokenize_duration,
+            self.inference_duration,
+            self.batch_size,
+            self.batch_tokens,
+            self.batch_padding_ratio,
+        ):
+            histogram.labels(model)
+        self.queue_depth.labels(model).set(0)
+        for reason in LOAD_FAILURE_REASONS:
+            self.model_load_failures.labels(model, reason)
+
+    def set_model_info(self, model: str, version: str | int, provider: str) -> None:
+        """Mark ``version`` of ``model`` as served; drops the previous version's series."""
+        version = str(version)
+        with self._lock:
+            previous = self._info.get(model)
+            self._info[model] = (version, provider)
+        if previous is not None and previous != (version, provider):
+            self.model_info.remove(model, *previous)
+        self.model_info.labels(model, version, provider).set(1)
+
+    def remove_model(self, model: str) -> None:
+        """Drop every series of ``model`` (it was unloaded); its requests become UNKNOWN_MODEL."""
+        with self._lock:
+            self._models.discard(model)
+            self._info.pop(model, None)
+        for metric in (
+            self.request_duration,
+            self.queue_duration,
+            self.tokenize_duration,
+            self.inference_duration,
+            self.batch_size,
+            self.batch_tokens,
+            self.batch_padding_ratio,
+            self.queue_depth,
+            self.requests,
+            self.request_failures,
+            self.model_info,
+            self.model_load_failures,
+        ):
+            metric.remove_by_labels({"model": model})
+
+    def model_label(self, model: str) -> str:
+        """``model`` if the server initialised it, else UNKNOWN_MODEL (never user text)."""
+        with self._lock:
+            return model if model in self._models else UNKNOWN_MODEL
+
+    # -- observations --------------------------------------------------------------------
+
+    def observe_request(self, method: str, model: str, code: str, seconds: float) -> None:
+        """Count one finished request: its total, its latency and, if not OK, its failure."""
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+        if code not in CODES:
+            raise ValueError(f"unknown gRPC status code name {code!r}; expected one of {CODES}")
+        label = self.model_label(model)
+        self.requests.labels(method, label).inc()
+        self.request_duration.labels(method, label, code).observe(seconds)
+        if code != "OK":
+            self.request_failures.labels(method, label, reason_for_code(code)).inc()
+
+    def observe_batch(self, model: str, size: int, tokens: int, padding_ratio: float) -> None:
+        """Record one batch: ``size`` items, ``tokens`` padded tokens, wasted fraction."""
+        if size < 1 or tokens < 0:
+            raise ValueError(
+                f"a batch has at least one item and no negative tokens: {size}, {tokens}"
+            )
+        if not 0.0 <= padding_ratio <= 1.0:
+            raise ValueError(f"padding ratio must lie in [0, 1], got {padding_ratio}")
+        self.batch_size.labels(model).observe(size)
+        self.batch_tokens.labels(model).observe(tokens)
+        self.batch_padding_ratio.labels(model).observe(padding_ratio)
+
+    def observe_queue(self, model: str, seconds: float) -> None:
+        """Record how long one item waited in the queue."""
+        self.queue_duration.labels(model).observe(seconds)
+
+    def observe_tokenize(self, model: str, seconds: float) -> None:
+        """Record the tokenization time of one batch."""
+        self.tokenize_duration.labels(model).observe(seconds)
+
+    def observe_inference(self, model: str, seconds: float) -> None:
+        """Record the onnxruntime time of one batch."""
+        self.inference_duration.labels(model).observe(seconds)
+
+    def set_queue_depth(self, model: str, depth: int) -> None:
+        """Set the number of items waiting in the model's queue."""
+        self.queue_depth.labels(model).set(depth)
+
+    def count_load_failure(self, model: str, reason: str) -> None:
+        """Count a model version that failed to load."""
+        if reason not in LOAD_FAILURE_REASONS:
+            raise ValueError(
+                f"unknown load failure reason {reason!r}; expected one of {LOAD_FAILURE_REASONS}"
+            )
+        self.model_load_failures.labels(model, reason).inc()
+
+
+class MetricsServer:
+    """The HTTP endpoint serving a registry at /metrics, on a daemon thread."""
+
+    def __init__(self, httpd: WSGIServer, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        self.port: int = httpd.server_port
+
+    def close(self) -> None:
+        """Stop serving and release the port (idempotent)."""
+        if self._thread.is_alive():
+            self._httpd.shutdown()
+            self._thread.join(timeout=5)
+        self._httpd.server_close()
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def start_metrics_server(
+    port: int, addr: str, registry: CollectorRegistry
+) -> tuple[MetricsServer, int]:
+    """Serve ``registry`` over HTTP on ``addr:port`` (port 0: any free one); returns the bound port.
+
+    ``server, port = start_metrics_server(0, "127.0.0.1", metrics.registry)``; ``server.close()``.
+    """
+    if not 0 <= port <= 65535:
+        raise ValueError(f"metrics port must be within 0-65535, got {port}")
+    try:
+        httpd, thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot serve metrics on {addr}:{port}: {exc.strerror}") from exc
+    return MetricsServer(httpd, thread), httpd.server_port

@@ -1,0 +1,117 @@
+"""`textserve serve`: serve a model repository over gRPC (textserve.v1, health, reflection).
+
+Every flag falls back to a TEXTSERVE_* environment variable (e.g. TEXTSERVE_LISTEN), read here
+at the edge only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from service.cli import CliError
+
+
+def _env(flag: str, default: str | None) -> str | None:
+    return os.environ.get("TEXTSERVE_" + flag.upper().replace("-", "_"), default)
+
+
+def _port_or_off(value: str) -> int | None:
+    if value.lower() in ("off", "none", "-1"):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a port number or 'off', got {value!r}"
+        ) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    def flag(name: str, default: str | None, help: str, **kwargs: object) -> None:
+        env = "TEXTSERVE_" + name.upper().replace("-", "_")
+        parser.add_argument(
+            f"--{name}",
+            default=_env(name, default),
+            help=f"{help} [{env}]",
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    flag("repository", "models", "model repository: <dir>/<name>/<version>/ (default: models)")
+    flag("model", None, "the default model (default: the only model in the repository)")
+    flag("listen", "127.0.0.1:50051", "gRPC address HOST:PORT; port 0 picks a free one")
+    flag("device", "auto", "auto: CUDA when available else CPU; cpu; cuda (fails without CUDA)",
+         choices=("auto", "cpu", "cuda"))  # fmt: skip
+    flag("metrics-port", "8000", "Prometheus /metrics port; 0 picks a free one; off disables",
+         type=_port_or_off)  # fmt: skip
+    flag("metrics-host", "127.0.0.1", "address of the metrics endpoint")
+    flag("max-batch-size", "64", "texts per batch", type=int)
+    flag("max-batch-tokens", "8192", "padded tokens per batch (texts x longest)", type=int)
+    flag("max-queue-delay-ms", "2", "how long a text may wait for its batch to fill", type=float)
+    flag("max-padding-ratio", "0.25", "padding a batch may have once it holds 8 texts",
+         type=float)  # fmt: skip
+    flag("max-queue-size", "4096", "texts waiting per model before requests are refused", type=int)
+    flag("max-texts-per-request", "1024", "texts one request may carry", type=int)
+    flag("intra-op-threads", "0", "onnxruntime threads per operator (0: the usable CPUs)", type=int)
+    flag("inter-op-threads", "1", "onnxruntime operators run in parallel", type=int)
+    flag("inference-threads", "1", "batches run at once per model (1 on CPU)", type=int)
+    flag("grace-period", "30", "seconds to finish in-flight work on SIGTERM/SIGINT", type=float)
+
+
+def build_config(args: argparse.Namespace) -> object:
+    from service.config import BatcherConfig, ConfigError, RuntimeConfig, ServerConfig
+
+    try:
+        return ServerConfig(
+            repository=Path(args.repository),
+            model=args.model or None,
+            listen=args.listen,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+            max_texts_per_request=args.max_texts_per_request,
+            grace_period=args.grace_period,
+            runtime=RuntimeConfig(
+                device=args.device,
+                intra_op_threads=args.intra_op_threads,
+                inter_op_threads=args.inter_op_threads,
+                inference_threads=args.inference_threads,
+            ),
+            batcher=BatcherConfig(
+                max_batch_size=args.max_batch_size,
+                max_batch_tokens=args.max_batch_tokens,
+                max_queue_delay=args.max_queue_delay_ms / 1000.0,
+                max_queue_size=args.max_queue_size,
+                max_padding_ratio=args.max_padding_ratio,
+            ),
+        )
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from service.repository import LoadError
+    from service.runtime import DeviceUnavailableError
+    from service.server import Server, serve
+
+    config = build_config(args)
+
+    def ready(server: Server) -> None:
+        print(
+            f"textserve is serving on {server.address} (metrics: "
+            + (
+                f"http://{args.metrics_host}:{server.metrics_port}/metrics"
+                if server.metrics_port
+                else "off"
+            )
+            + f"). Try:\n  textserve classify --server {server.address} "
+            "'a gripping, beautifully acted film'",
+            flush=True,
+        )
+
+    try:
+        return asyncio.run(serve(config, on_ready=ready))  # type: ignore[arg-type]
+    except (LoadError, DeviceUnavailableError, OSError) as exc:
+        raise CliError(str(exc)) from None

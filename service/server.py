@@ -1,0 +1,209 @@
+"""The server's lifecycle: startup -> serve -> drain -> shutdown, around one grpc.aio server.
+
+`create_server(config)` builds everything and binds the port (tests pass 127.0.0.1:0 and read
+the bound port); `await server.start()` serves health NOT_SERVING at once, loads and warms the
+models, then marks every service SERVING; `await server.stop(grace)` drains. `serve(config)`
+is the whole life of `textserve serve`, with signal handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from service.config import ServerConfig
+from service.metrics import Metrics, MetricsServer, start_metrics_server
+from service.repository import ModelRepository
+
+logger = logging.getLogger(__name__)
+
+# Modules exposing `register(server, ctx) -> list[str]`: the front ends served on the port.
+SERVICES: list[str] = ["service.servicers.classifier", "service.servicers.inference"]
+
+Register = Callable[[grpc.aio.Server, "ServingContext"], Sequence[str]]
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass
+class ServingContext:
+    """What a front end gets to build its servicer: one repository and one metrics for all."""
+
+    config: ServerConfig
+    repository: ModelRepository
+    metrics: Metrics
+
+
+class Server:
+    """One textserve server. Use on one event loop: start() then stop()."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        grpc_server: grpc.aio.Server,
+        port: int,
+        ctx: ServingContext,
+        health: HealthServicer,
+        service_names: Sequence[str],
+    ) -> None:
+        self.config = config
+        self.grpc_server = grpc_server
+        self.port = port
+        self.ctx = ctx
+        self.repository = ctx.repository
+        self.metrics = ctx.metrics
+        self.health = health
+        self.service_names = list(service_names)
+        self.metrics_server: MetricsServer | None = None
+        self.metrics_port: int | None = None
+        self._stopping = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.listen.rpartition(':')[0]}:{self.port}"
+
+    async def start(self) -> None:
+        """startup: listen (health NOT_SERVING), load and warm every model, then SERVING.
+        Raises (after cleaning up) when the models cannot be served."""
+        for name in ("", *self.service_names):
+            await self.health.set(name, NOT_SERVING)  # until the models are loaded and warm
+        await self.grpc_server.start()
+        logger.info(
+            "listening on %s (gRPC); loading models from %s", self.address, self.config.repository
+        )
+        if self.config.metrics_port is not None:
+            self.metrics_server, self.metrics_port = start_metrics_server(
+                self.config.metrics_port, self.config.metrics_host, self.metrics.registry
+            )
+            logger.info(
+                "metrics on http://%s:%d/metrics", self.config.metrics_host, self.metrics_port
+            )
+        try:
+            await self.repository.load_all()
+        except BaseException:
+            await self._close(grace=0)
+            raise
+        for name in ("", *self.service_names):
+            await self.health.set(name, SERVING)
+        logger.info(
+            "textserve: serving %s on %s (default model: %s)",
+            ", ".join(f"{h.name}:{h.version} [{h.provider}]" for h in self.repository.handles()),
+            self.address,
+            self.repository.default_model or "none",
+        )
+
+    async def stop(self, grace: float | None = None) -> None:
+        """drain + shutdown: health NOT_SERVING, stop accepting, let queued and in-flight
+        requests finish within `grace` seconds (default: the config's), cancel the rest."""
+        if self._stopping:
+            return
+        self._stopping = True
+        grace = self.config.grace_period if grace is None else grace
+        started = time.monotonic()
+        logger.info("draining (grace period %.1fs)", grace)
+        await self.health.enter_graceful_shutdown()
+        self.repository.flush()  # queued batches start now instead of waiting to fill
+        await self._close(grace)
+        logger.info("stopped after %.2fs", time.monotonic() - started)
+
+    async def _close(self, grace: float) -> None:
+        # grpc refuses new calls at once and cancels those still running when grace is over
+        await self.grpc_server.stop(grace)
+        await self.repository.close(timeout=0)
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+
+
+def create_server(
+    config: ServerConfig,
+    *,
+    metrics: Metrics | None = None,
+    extra_services: Sequence[Register] = (),
+) -> tuple[Server, int]:
+    """Build the server and bind its port; call inside the event loop that will run it.
+
+    `extra_services` are register functions added after those of SERVICES (tests, plugins).
+    """
+    metrics = metrics or Metrics()
+    repository = ModelRepository(config, metrics)
+    ctx = ServingContext(config=config, repository=repository, metrics=metrics)
+    grpc_server = grpc.aio.server(
+        options=[
+            # Our requests carry up to 1024 texts: allow 64 MiB messages rather than 4 MiB.
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
+        ]
+    )
+    registers: list[Register] = [importlib.import_module(m).register for m in SERVICES]
+    names: list[str] = []
+    for register in [*registers, *extra_services]:
+        names.extend(register(grpc_server, ctx))
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, grpc_server)
+    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+    reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], grpc_server)
+    try:
+        port = grpc_server.add_insecure_port(config.listen)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {config.listen}: {exc}") from None
+    if port == 0:
+        raise OSError(f"cannot listen on {config.listen} (in use, or not an address of this host)")
+    return Server(config, grpc_server, port, ctx, health, names), port
+
+
+async def serve(config: ServerConfig, on_ready: Callable[[Server], None] | None = None) -> int:
+    """The life of `textserve serve`: start, serve until SIGTERM/SIGINT, drain, exit status."""
+    server, _ = create_server(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # SIGTERM: what orchestrators (Kubernetes, systemd, docker stop) send to ask for a drain.
+    # SIGINT: Ctrl-C in a terminal; a second one stops at once without waiting for the grace.
+    signals = (signal.SIGTERM, signal.SIGINT)
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            logger.warning("second %s: stopping without grace", signal.Signals(signum).name)
+            loop.call_soon(force.set)
+            return
+        logger.info("%s received: draining", signal.Signals(signum).name)
+        stop.set()
+
+    force = asyncio.Event()
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        start = asyncio.create_task(server.start())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():  # a signal during startup: give up loading
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
+            await server.stop(0)
+            return 0
+        start.result()  # raises when startup failed
+        if on_ready is not None:
+            on_ready(server)
+        await stopped
+        drain = asyncio.create_task(server.stop())
+        forced = asyncio.create_task(force.wait())
+        await asyncio.wait({drain, forced}, return_when=asyncio.FIRST_COMPLETED)
+        if not drain.done():
+            await server.grpc_server.stop(0)
+            await drain
+        forced.cancel()
+        return 0
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,1 @@
+"""The gRPC front ends: textserve.v1 Classifier and the Open Inference Protocol (inference)."""

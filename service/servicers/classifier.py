@@ -1,0 +1,242 @@
+"""The textserve.v1.Classifier servicer: protobuf in, the core API (ModelHandle), protobuf out.
+
+No tensors beyond reading the probabilities, no status codes built inline: errors are the
+taxonomy of service/errors.py, mapped by its decorators (unary) or into a response's `error`
+(ClassifyStream, where one bad request must not end the stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import numpy as np
+
+from service.errors import (
+    code_name,
+    grpc_code,
+    grpc_errors,
+    grpc_stream_errors,
+    log_unexpected,
+    public_message,
+)
+from service.repository import ModelRepository, State
+from textserve.v1 import classifier_pb2 as pb
+from textserve.v1 import classifier_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from service.metrics import Metrics
+    from service.model import ClassifyResult, ModelHandle
+    from service.server import ServingContext
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Classifier"].full_name
+
+_STATES = {
+    State.AVAILABLE: pb.MODEL_STATE_AVAILABLE,
+    State.LOADING: pb.MODEL_STATE_LOADING,
+    State.READY: pb.MODEL_STATE_READY,
+    State.UNLOADING: pb.MODEL_STATE_UNLOADING,
+    State.FAILED: pb.MODEL_STATE_FAILED,
+}
+
+
+def deadline_of(context: Any) -> float | None:
+    """The call's deadline as absolute time.monotonic() seconds (None: no deadline)."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def build_response(
+    request: pb.ClassifyRequest, handle: ModelHandle, result: ClassifyResult
+) -> pb.ClassifyResponse:
+    probs = result.probabilities
+    labels = handle.labels
+    best = probs.argmax(axis=1)
+    best_scores = probs[np.arange(len(probs)), best]
+    top_k = min(int(request.top_k), len(labels))
+    order = np.argsort(-probs, axis=1, kind="stable")[:, :top_k] if top_k else None
+    results = []
+    for i in range(len(probs)):
+        text = pb.TextResult(
+            label=labels[best[i]],
+            score=float(best_scores[i]),
+            num_tokens=int(result.num_tokens[i]),
+            truncated=bool(result.truncated[i]),
+        )
+        if order is not None:
+            text.top.extend(
+                pb.LabelScore(label=labels[j], score=float(probs[i, j])) for j in order[i]
+            )
+        if request.all_scores:
+            text.scores.extend(probs[i].tolist())
+        results.append(text)
+    timings = result.timings
+    return pb.ClassifyResponse(
+        id=request.id,
+        model=handle.name,
+        model_version=handle.version,
+        results=results,
+        labels=labels if request.all_scores else (),
+        timing=pb.Timing(
+            queue_seconds=timings.queue_seconds,
+            tokenize_seconds=timings.tokenize_seconds,
+            inference_seconds=timings.inference_seconds,
+            total_seconds=timings.total_seconds,
+        ),
+    )
+
+
+class ClassifierServicer(pb_grpc.ClassifierServicer):
+    def __init__(self, repository: ModelRepository, metrics: Metrics | None) -> None:
+        self._repository = repository
+        self._metrics = metrics
+
+    @contextlib.contextmanager
+    def _observed(self, method: str) -> Iterator[dict[str, str]]:
+        """Count one request in the metrics with its final status code."""
+        started = time.perf_counter()
+        seen = {"model": ""}
+        code = "OK"
+        try:
+            yield seen
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except Exception as exc:
+            code = code_name(exc)
+            raise
+        finally:
+            if self._metrics is not None:
+                self._metrics.observe_request(
+                    method, seen["model"], code, time.perf_counter() - started
+                )
+
+    async def _classify(
+        self, request: pb.ClassifyRequest, deadline: float | None, method: str
+    ) -> pb.ClassifyResponse:
+        with self._observed(method) as seen:
+            handle = self._repository.get(request.model or None, request.version or None)
+            seen["model"] = handle.name
+            truncate = request.truncate if request.HasField("truncate") else True
+            result = await handle.classify(
+                request.texts, truncate=truncate, deadline=deadline, method=method
+            )
+            return build_response(request, handle, result)
+
+    @grpc_errors
+    async def Classify(self, request: pb.ClassifyRequest, context: Any) -> pb.ClassifyResponse:
+        return await self._classify(request, deadline_of(context), "Classify")
+
+    @grpc_stream_errors
+    async def ClassifyStream(
+        self, request_iterator: AsyncIterator[pb.ClassifyRequest], context: Any
+    ) -> AsyncIterator[pb.ClassifyResponse]:
+        deadline = deadline_of(context)
+        responses: asyncio.Queue[pb.ClassifyResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def answer(request: pb.ClassifyRequest) -> None:
+            try:
+                response = await self._classify(request, deadline, "ClassifyStream")
+            except Exception as exc:
+                log_unexpected(exc, "ClassifyStream")
+                response = pb.ClassifyResponse(
+                    id=request.id,
+                    error=pb.Status(code=grpc_code(exc).value[0], message=public_message(exc)),
+                )
+            await responses.put(response)
+
+        async def read() -> None:
+            async for request in request_iterator:
+                task = asyncio.create_task(answer(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*tasks)
+            await responses.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (response := await responses.get()) is not None:
+                yield response
+            await reader  # surfaces a failure of the request stream itself
+        finally:
+            reader.cancel()
+            for task in tasks:
+                task.cancel()
+
+    @grpc_errors
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: Any
+    ) -> pb.ListModelsResponse:
+        repository = self._repository
+        models = []
+        for record in repository.models.values():
+            ready = record.ready()
+            models.append(
+                pb.ModelSummary(
+                    name=record.name,
+                    versions=self._versions(record.versions.values()),
+                    ready_version=ready[0].version if ready else 0,
+                    is_default=record.name == repository.default_model,
+                )
+            )
+        return pb.ListModelsResponse(models=models, default_model=repository.default_model or "")
+
+    @grpc_errors
+    async def GetModel(self, request: pb.GetModelRequest, context: Any) -> pb.ModelInfo:
+        handle = self._repository.get(request.name or None, request.version or None)
+        record = self._repository.models[handle.name]
+        stats = handle.stats()
+        config = handle.batcher.config
+        return pb.ModelInfo(
+            name=handle.name,
+            version=handle.version,
+            state=pb.MODEL_STATE_READY,
+            labels=handle.labels,
+            max_length=handle.max_length,
+            execution_provider=handle.provider,
+            precision=handle.manifest.precision,
+            versions=self._versions(record.versions.values()),
+            is_default=handle.name == self._repository.default_model,
+            test_accuracy=handle.manifest.test_accuracy,
+            created_at=handle.manifest.created_at,
+            batching=pb.BatchingStats(
+                batches=stats.batches,
+                items=stats.items,
+                mean_batch_size=stats.mean_batch_size,
+                max_batch_size_seen=stats.max_batch_size_seen,
+                dropped_deadline=stats.dropped_deadline,
+                dropped_cancelled=stats.dropped_cancelled,
+                rejected_overloaded=stats.rejected_overloaded,
+                queue_depth=stats.queue_depth,
+                max_batch_size=config.max_batch_size,
+                max_batch_tokens=config.max_batch_tokens,
+                max_queue_delay_seconds=config.max_queue_delay,
+                max_queue_size=config.max_queue_size,
+                padded_tokens=stats.padded_tokens,
+                padding_tokens=stats.padding_tokens,
+            ),
+        )
+
+    @staticmethod
+    def _versions(records: Any) -> list[pb.VersionStatus]:
+        return [
+            pb.VersionStatus(version=v.version, state=_STATES[v.state], reason=v.reason)
+            for v in sorted(records, key=lambda v: v.version)
+        ]
+
+
+def register(server: grpc.aio.Server, ctx: ServingContext) -> list[str]:
+    """Add the Classifier service to `server`; returns its full name for health and reflection."""
+    pb_grpc.add_ClassifierServicer_to_server(
+        ClassifierServicer(ctx.repository, ctx.metrics), server
+    )
+    return [SERVICE_NAME]

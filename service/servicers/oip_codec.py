@@ -1,0 +1,244 @@
+"""Open Inference Protocol tensors <-> texts and class probabilities; pure, no I/O, no grpc.
+
+The model as OIP clients see it: input ``TEXT`` (BYTES, shape ``[n]`` or ``[n, 1]``, UTF-8);
+outputs ``LABEL`` (BYTES), ``SCORE`` (FP32) — both shaped like the input — and
+``PROBABILITIES`` (FP32, ``[n, num_labels]``). Use::
+
+    request = decode_request(model_infer_request)        # raises ValidationError on bad input
+    probabilities = ...                                  # (n, num_labels) from the batcher
+    response = encode_response(request, probabilities, labels, model_name="m", model_version="3")
+
+Inputs may come in ``contents.bytes_contents`` or in ``raw_input_contents`` (each element a
+4-byte little-endian length followed by its bytes, the framing tritonclient, KServe and
+MLServer use); the response answers in the same form the request used, because tritonclient
+sends raw and reads raw, while JSON-minded OIP clients send and read typed contents.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from inference import grpc_service_pb2 as pb
+from service.errors import ValidationError
+
+__all__ = [
+    "INPUT_NAME",
+    "OUTPUT_NAMES",
+    "DecodedRequest",
+    "decode_request",
+    "encode_response",
+    "pack_bytes",
+    "unpack_bytes",
+]
+
+INPUT_NAME = "TEXT"
+OUTPUT_NAMES: tuple[str, ...] = ("LABEL", "SCORE", "PROBABILITIES")
+TRUNCATE_PARAMETER = "truncate"
+_LENGTH = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class DecodedRequest:
+    """What textserve needs from a ModelInferRequest, checked."""
+
+    texts: list[str]  # the TEXT elements in row-major order
+    column: bool  # True when TEXT was [n, 1]: LABEL and SCORE are then [n, 1] too
+    outputs: tuple[str, ...]  # requested outputs in the order asked (all three if none asked)
+    raw: bool  # the inputs came in raw_input_contents: answer in raw_output_contents
+    truncate: bool | None  # the `truncate` parameter; None leaves the server's default
+    request_id: str  # echoed in the response
+
+
+def unpack_bytes(raw: bytes, count: int, tensor: str = INPUT_NAME) -> list[bytes]:
+    """Split ``count`` length-prefixed elements out of ``raw``.
+
+    ``unpack_bytes(b"\\x01\\x00\\x00\\x00a", 1) == [b"a"]``.
+
+    Raises ValidationError naming ``tensor`` when the framing is cut short, overruns, or leaves
+    bytes over.
+    """
+    items: list[bytes] = []
+    offset = 0
+    view = memoryview(raw)
+    while offset < len(raw):
+        if offset + _LENGTH.size > len(raw):
+            raise ValidationError(
+                f"input tensor {tensor!r}: raw_input_contents is malformed: element {len(items)} "
+                f"has a truncated 4-byte length prefix ({len(raw) - offset} byte(s) left)"
+            )
+        (length,) = _LENGTH.unpack_from(raw, offset)
+        offset += _LENGTH.size
+        if offset + length > len(raw):
+            raise ValidationError(
+                f"input tensor {tensor!r}: raw_input_contents is malformed: element {len(items)} "
+                f"declares {length} bytes but only {len(raw) - offset} remain"
+            )
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+    if len(items) != count:
+        raise ValidationError(
+            f"input tensor {tensor!r}: raw_input_contents holds {len(items)} element(s) but the "
+            f"shape needs {count}"
+        )
+    return items
+
+
+def pack_bytes(items: Sequence[bytes]) -> bytes:
+    """Frame ``items`` as raw BYTES contents: each a 4-byte little-endian length, then itself."""
+    return b"".join(_LENGTH.pack(len(item)) + item for item in items)
+
+
+def _element_count(tensor: pb.ModelInferRequest.InferInputTensor) -> int:
+    shape = list(tensor.shape)
+    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
+        raise ValidationError(
+            f"input tensor {tensor.name!r}: shape must be [n] or [n, 1], got {shape}"
+        )
+    if shape[0] < 1:
+        raise ValidationError(
+            f"input tensor {tensor.name!r}: shape {shape} has no elements; send at least one text"
+        )
+    return math.prod(shape)
+
+
+def _decode_utf8(items: Sequence[bytes], tensor: str) -> list[str]:
+    texts = []
+    for index, item in enumerate(items):
+        try:
+            texts.append(item.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValidationError(
+                f"input tensor {tensor!r}: element {index} is not valid UTF-8 ({exc.reason} at "
+                f"byte {exc.start})"
+            ) from None
+    return texts
+
+
+def _requested_outputs(request: pb.ModelInferRequest) -> tuple[str, ...]:
+    names = [output.name for output in request.outputs]
+    if not names:
+        return OUTPUT_NAMES
+    for name in names:
+        if name not in OUTPUT_NAMES:
+            raise ValidationError(
+                f"unknown output tensor {name!r}; the model's outputs are {', '.join(OUTPUT_NAMES)}"
+            )
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValidationError(f"output tensor {duplicates[0]!r} is requested more than once")
+    return tuple(names)
+
+
+def _truncate(request: pb.ModelInferRequest) -> bool | None:
+    if TRUNCATE_PARAMETER not in request.parameters:
+        return None
+    parameter = request.parameters[TRUNCATE_PARAMETER]
+    kind = parameter.WhichOneof("parameter_choice")
+    if kind != "bool_param":
+        got = kind or "no value"
+        raise ValidationError(
+            f"parameter {TRUNCATE_PARAMETER!r} must be a bool (bool_param), got {got}"
+        )
+    return parameter.bool_param
+
+
+def decode_request(request: pb.ModelInferRequest) -> DecodedRequest:
+    """Check a ModelInferRequest and take out its texts and options; ValidationError if bad."""
+    names = [tensor.name for tensor in request.inputs]
+    unexpected = [name for name in names if name != INPUT_NAME]
+    if unexpected:
+        raise ValidationError(
+            f"unexpected input tensor {unexpected[0]!r}; the model takes one input, {INPUT_NAME!r}"
+        )
+    if not names:
+        raise ValidationError(f"input tensor {INPUT_NAME!r} is missing; send the texts in it")
+    if len(names) > 1:
+        raise ValidationError(f"input tensor {INPUT_NAME!r} is given {len(names)} times")
+    tensor = request.inputs[0]
+    if tensor.datatype != "BYTES":
+        raise ValidationError(
+            f"input tensor {INPUT_NAME!r}: datatype must be BYTES, got {tensor.datatype or 'none'}"
+        )
+    count = _element_count(tensor)
+    raw = len(request.raw_input_contents) > 0
+    if raw:
+        if len(request.raw_input_contents) != 1:
+            raise ValidationError(
+                f"raw_input_contents has {len(request.raw_input_contents)} entries but the "
+                f"request has 1 input tensor; send exactly one entry per input"
+            )
+        if tensor.HasField("contents"):
+            raise ValidationError(
+                f"input tensor {INPUT_NAME!r}: give its data either in contents or in "
+                "raw_input_contents, not both"
+            )
+        items = unpack_bytes(request.raw_input_contents[0], count)
+    else:
+        items = list(tensor.contents.bytes_contents)
+        if len(items) != count:
+            typed = [
+                field.name
+                for field, _ in tensor.contents.ListFields()
+                if field.name != "bytes_contents"
+            ]
+            hint = f"; BYTES data goes there, not in {', '.join(typed)}" if typed else ""
+            raise ValidationError(
+                f"input tensor {INPUT_NAME!r}: shape {list(tensor.shape)} needs {count} "
+                f"element(s) but contents.bytes_contents has {len(items)}{hint}"
+            )
+    return DecodedRequest(
+        texts=_decode_utf8(items, INPUT_NAME),
+        column=len(tensor.shape) == 2,
+        outputs=_requested_outputs(request),
+        raw=raw,
+        truncate=_truncate(request),
+        request_id=request.id,
+    )
+
+
+def encode_response(
+    request: DecodedRequest,
+    probabilities: Sequence[Sequence[float]] | np.ndarray,
+    labels: Sequence[str],
+    *,
+    model_name: str,
+    model_version: str,
+) -> pb.ModelInferResponse:
+    """Build the ModelInferResponse for ``request`` from ``probabilities`` (n, len(labels)).
+
+    LABEL is the most probable label and SCORE its probability; outputs come in the order
+    requested, raw or typed as the request was.
+    """
+    probs = np.asarray(probabilities, dtype=np.float32)
+    n = len(request.texts)
+    if probs.shape != (n, len(labels)):
+        # A bug upstream, not bad input: the batcher owes one row of len(labels) per text.
+        raise ValueError(f"probabilities have shape {probs.shape}, expected {(n, len(labels))}")
+    best = probs.argmax(axis=1)
+    row_shape = [n, 1] if request.column else [n]
+    tensors: dict[str, tuple[str, list[int], list[bytes] | np.ndarray]] = {
+        "LABEL": ("BYTES", row_shape, [labels[i].encode("utf-8") for i in best]),
+        "SCORE": ("FP32", row_shape, probs[np.arange(n), best]),
+        "PROBABILITIES": ("FP32", [n, len(labels)], probs),
+    }
+    response = pb.ModelInferResponse(
+        model_name=model_name, model_version=model_version, id=request.request_id
+    )
+    for name in request.outputs:
+        datatype, shape, data = tensors[name]
+        output = response.outputs.add(name=name, datatype=datatype, shape=shape)
+        if isinstance(data, np.ndarray):
+            if request.raw:
+                response.raw_output_contents.append(data.astype("<f4").tobytes())
+            else:
+                output.contents.fp32_contents.extend(data.ravel().tolist())
+        elif request.raw:
+            response.raw_output_contents.append(pack_bytes(data))
+        else:
+            output.contents.bytes_contents.extend(data)
+    return response

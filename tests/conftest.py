@@ -1,0 +1,53 @@
+"""Shared pytest fixtures for every tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete run directory (every file of the contract) trained once per session.
+
+    A learnable 3-label synthetic data set through the real `train()` path, tiny preset,
+    max_length 64; a few seconds on one CPU thread. Test accuracy is ~1.0.
+    """
+    pytest.importorskip("torch")
+    from model.synthetic import synthetic_rows, write_jsonl
+    from model.train import TrainConfig, train
+
+    root = tmp_path_factory.mktemp("tiny_run")
+    data = write_jsonl(synthetic_rows(600, seed=0), root / "synthetic.jsonl")
+    cfg = TrainConfig(
+        data=data,
+        preset="tiny",
+        model_overrides={"max_length": 64},
+        epochs=8,
+        batch_size=16,
+        lr=3e-3,
+        patience=8,
+        seed=0,
+        device="cpu",
+        threads=1,
+        output_dir=root / "run",
+        progress=False,
+    )
+    return train(cfg)
+
+
+@pytest.fixture(scope="session")
+def tiny_repository(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model repository (the models/ dir) holding `tiny/1/`: tiny_run exported once per session.
+
+    Through the real `export_run` (fp32, ORT-optimized, every check passed), so model.onnx,
+    tokenizer.json and manifest.json are exactly what `textserve export` publishes. Shared by
+    the session: treat it as read-only, and `shutil.copytree` it to add or break versions.
+    """
+    pytest.importorskip("onnxruntime")
+    from export.onnx_export import export_run
+
+    repository = tmp_path_factory.mktemp("models")
+    export_run(tiny_run, repository, "tiny", threads=1)
+    return repository

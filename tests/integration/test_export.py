@@ -1,0 +1,242 @@
+"""export_run end to end on the real tiny run: published files, checks, atomicity, bad input."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+from export import onnx_export, transforms, validate  # noqa: E402
+from export.errors import CheckFailed, ExportError  # noqa: E402
+from model.checkpoint import load_run  # noqa: E402
+from model.tokenizer import encode_batch, load_tokenizer  # noqa: E402
+from service.manifest import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file  # noqa: E402
+
+
+def entries(model_dir: Path) -> list[str]:
+    return sorted(p.name for p in model_dir.iterdir()) if model_dir.exists() else []
+
+
+def test_tiny_repository_holds_a_complete_checked_version(
+    tiny_repository: Path, tiny_run: Path
+) -> None:
+    version_dir = tiny_repository / "tiny" / "1"
+    assert entries(tiny_repository / "tiny") == ["1"]  # no temp dir left behind
+    assert entries(version_dir) == ["manifest.json", MODEL_FILE, TOKENIZER_FILE]
+    manifest = Manifest.read(version_dir)
+    manifest.verify_files(version_dir)
+    # the checksums are those of the files, computed independently here
+    assert manifest.sha256[MODEL_FILE] == sha256_file(version_dir / MODEL_FILE)
+    assert manifest.sha256[TOKENIZER_FILE] == sha256_file(version_dir / TOKENIZER_FILE)
+    assert manifest.source_checkpoint_sha256 == sha256_file(tiny_run / "model.safetensors")
+    assert (version_dir / TOKENIZER_FILE).read_bytes() == (tiny_run / "tokenizer.json").read_bytes()
+    assert (manifest.name, manifest.version, manifest.precision) == ("tiny", 1, "fp32")
+    assert manifest.labels == json.loads((tiny_run / "labels.json").read_text())
+    assert manifest.opset >= 17 and manifest.max_length == 64 and manifest.pad_token_id == 0
+    assert manifest.parity["max_abs_logit_diff"] <= 1e-4
+    assert manifest.parity["argmax_agreement"] == 1.0
+    assert manifest.extra["optimization"]["onnxruntime_offline_level"] == "basic"
+
+
+def test_graph_contract_with_dynamic_axes(tiny_repository: Path) -> None:
+    model = onnx.load(str(tiny_repository / "tiny" / "1" / MODEL_FILE))
+    io = {v.name: v.type.tensor_type for v in [*model.graph.input, *model.graph.output]}
+    assert list(io) == ["input_ids", "attention_mask", "logits"]
+    assert io["input_ids"].elem_type == io["attention_mask"].elem_type == onnx.TensorProto.INT64
+    assert io["logits"].elem_type == onnx.TensorProto.FLOAT
+    dims = {name: [d.dim_param or d.dim_value for d in t.shape.dim] for name, t in io.items()}
+    assert dims["input_ids"] == dims["attention_mask"] == ["batch_size", "sequence_length"]
+    assert dims["logits"] == ["batch_size", 3]
+
+
+def test_published_graph_matches_pytorch_at_other_shapes(
+    tiny_repository: Path, tiny_run: Path
+) -> None:
+    run = load_run(tiny_run)
+    inputs = validate.parity_inputs(run.max_length, run.config.vocab_size, seed=123)
+    path = tiny_repository / "tiny" / "1" / MODEL_FILE
+    report = validate.assert_parity(path, run.model, inputs, rtol=0.0, atol=1e-4, threads=1)
+    assert report.max_abs_logit_diff <= 1e-4 and report.cases == 12
+
+
+def test_manifest_accuracy_is_what_the_server_would_measure(
+    tiny_repository: Path, tiny_run: Path
+) -> None:
+    # Tokenize exactly as the contract says, run the published graph, count.
+    version_dir = tiny_repository / "tiny" / "1"
+    manifest = Manifest.read(version_dir)
+    rows = [json.loads(line) for line in (tiny_run / "test.jsonl").read_text().splitlines()]
+    tokenizer = load_tokenizer(version_dir / TOKENIZER_FILE)
+    session = ort.InferenceSession(
+        str(version_dir / MODEL_FILE), providers=["CPUExecutionProvider"]
+    )
+    ids, mask = encode_batch(tokenizer, [r["text"] for r in rows], manifest.max_length)
+    (logits,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+    predicted = [manifest.labels[i] for i in np.asarray(logits).argmax(axis=1)]
+    accuracy = np.mean([p == r["label"] for p, r in zip(predicted, rows, strict=True)])
+    assert manifest.test_accuracy == pytest.approx(accuracy)
+
+
+def test_next_export_is_the_next_version(
+    tiny_repository: Path, tiny_run: Path, tmp_path: Path
+) -> None:
+    repo = tmp_path / "models"
+    shutil.copytree(tiny_repository, repo)
+    version_dir = onnx_export.export_run(tiny_run, repo, "tiny", threads=1, optimize=False)
+    assert version_dir == repo / "tiny" / "2"
+    manifest = Manifest.read(version_dir)
+    assert manifest.version == 2 and manifest.extra["optimization"] is None
+    assert entries(repo / "tiny") == ["1", "2"]
+
+
+def test_int8_records_the_accuracy_change(tiny_run: Path, tmp_path: Path) -> None:
+    version_dir = onnx_export.export_run(tiny_run, tmp_path, "q", quantize="int8", threads=1)
+    manifest = Manifest.read(version_dir)
+    manifest.verify_files(version_dir)
+    quant = manifest.extra["quantization"]
+    assert manifest.precision == "int8"
+    assert quant["int8_test_accuracy"] == manifest.test_accuracy
+    expected = (quant["int8_test_accuracy"] - quant["fp32_test_accuracy"]) * 100
+    assert quant["accuracy_delta_points"] == pytest.approx(expected, abs=1e-3)
+    assert quant["max_accuracy_drop_points"] == 1.0
+    ops = {n.op_type for n in onnx.load(str(version_dir / MODEL_FILE)).graph.node}
+    assert "MatMulInteger" in ops or "DynamicQuantizeLinear" in ops
+
+
+def _untrained_graph(tiny_run: Path):  # type: ignore[no-untyped-def]
+    """A quantizer stand-in that writes an untrained model's graph: accuracy collapses."""
+    run = load_run(tiny_run)
+
+    def quantize(src: Path, dst: Path) -> dict[str, object]:
+        torch.manual_seed(1)
+        model = type(run.model)(run.config).eval()
+        transforms.export_onnx(model, dst, max_length=run.max_length)
+        return {"method": "test stand-in"}
+
+    return quantize
+
+
+def test_int8_is_refused_when_accuracy_drops_too_much(
+    tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transforms, "quantize_int8", _untrained_graph(tiny_run))
+    with pytest.raises(
+        CheckFailed, match=r"int8 accuracy check failed: test accuracy drops"
+    ) as info:
+        onnx_export.export_run(tiny_run, tmp_path, "q", quantize="int8", threads=1)
+    assert info.value.figure is not None and info.value.figure > 1.0
+    assert entries(tmp_path / "q") == []
+
+
+def test_fp16_keeps_float32_logits_and_states_its_tolerance(tiny_run: Path, tmp_path: Path) -> None:
+    version_dir = onnx_export.export_run(tiny_run, tmp_path, "half", fp16=True, threads=1)
+    manifest = Manifest.read(version_dir)
+    assert manifest.precision == "fp16"
+    assert manifest.parity["tolerance"] == onnx_export.FP16_ATOL
+    assert manifest.parity["max_abs_logit_diff"] <= onnx_export.FP16_ATOL
+    assert manifest.extra["fp16"]["rtol"] == onnx_export.FP16_RTOL
+    validate.check_model(version_dir / MODEL_FILE, num_labels=3)  # logits still float32
+    weights = [i for i in onnx.load(str(version_dir / MODEL_FILE)).graph.initializer]
+    assert any(w.data_type == onnx.TensorProto.FLOAT16 for w in weights)
+
+
+def test_a_failed_parity_check_publishes_nothing(tiny_run: Path, tmp_path: Path) -> None:
+    # No float32 graph matches PyTorch to 1e-12 everywhere: the check must fail, and say so.
+    with pytest.raises(CheckFailed, match=r"parity \(fp32\) check failed: max \|Δlogit\|") as info:
+        onnx_export.export_run(tiny_run, tmp_path, "m", atol=1e-12, threads=1)
+    assert info.value.figure is not None and info.value.figure > 1e-12
+    assert entries(tmp_path / "m") == []
+
+
+@pytest.mark.parametrize(
+    ("target", "error"),
+    [
+        ("shutil.copyfile", OSError(errno.ENOSPC, "No space left on device")),
+        ("export.transforms.optimize_offline", KeyboardInterrupt()),
+        ("os.rename", OSError(errno.EIO, "Input/output error")),
+    ],
+)
+def test_a_failure_mid_export_leaves_no_version(
+    tiny_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    target: str,
+    error: BaseException,
+) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(target, fail)
+    with pytest.raises((ExportError, KeyboardInterrupt)) as info:
+        onnx_export.export_run(tiny_run, tmp_path, "m", threads=1)
+    if isinstance(error, OSError):
+        assert error.strerror in str(info.value) and "nothing was published" in str(info.value)
+    assert entries(tmp_path / "m") == []
+
+
+def test_a_killed_export_leaves_no_version_and_the_next_one_cleans_up(
+    tiny_run: Path, tmp_path: Path
+) -> None:
+    # A real crash: the exporting process is SIGKILLed halfway, so no cleanup code runs.
+    code = f"""
+import os, signal
+from export import onnx_export, transforms
+transforms.optimize_offline = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+onnx_export.export_run({str(tiny_run)!r}, {str(tmp_path)!r}, "m", threads=1)
+"""
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=240)
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+    left = entries(tmp_path / "m")
+    assert len(left) == 1 and left[0].startswith(".tmp-")  # a temp dir, never a version
+    assert onnx_export.export_run(tiny_run, tmp_path, "m", threads=1) == tmp_path / "m" / "1"
+    assert entries(tmp_path / "m") == ["1"]
+
+
+def test_incomplete_run_dir_names_the_missing_file(tiny_run: Path, tmp_path: Path) -> None:
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    (run_dir / "tokenizer.json").unlink()
+    with pytest.raises(ExportError, match=r"incomplete: missing tokenizer\.json"):
+        onnx_export.export_run(run_dir, tmp_path / "models", "m")
+    assert entries(tmp_path / "models" / "m") == []
+
+
+def test_weights_that_do_not_match_the_config_are_named(tiny_run: Path, tmp_path: Path) -> None:
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    config = json.loads((run_dir / "config.json").read_text())
+    config["model"]["d_ff"] *= 2
+    (run_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match=r"model\.safetensors does not match config\.json: .*ff"):
+        onnx_export.export_run(run_dir, tmp_path / "models", "m")
+
+
+def test_unwritable_repository_is_a_clear_error(tiny_run: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "models"
+    blocker.write_text("a file where the repository should be")
+    with pytest.raises(ExportError, match=f"cannot write to the model repository {blocker}"):
+        onnx_export.export_run(tiny_run, blocker, "m")
+    assert blocker.read_text() == "a file where the repository should be"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_read_only_repository_is_a_clear_error(tiny_run: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    (repo / "m").mkdir(parents=True)
+    (repo / "m").chmod(0o555)
+    try:
+        with pytest.raises(ExportError, match="cannot write to the model repository"):
+            onnx_export.export_run(tiny_run, repo, "m")
+        assert entries(repo / "m") == []
+    finally:
+        (repo / "m").chmod(0o755)

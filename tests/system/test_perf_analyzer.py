@@ -1,0 +1,52 @@
+"""NVIDIA's perf_analyzer (the real C++ binary, set up by bench/perf_analyzer.py) drives
+textserve over the Open Inference Protocol with real texts and reports per-level figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.perf_analyzer import ensure_perf_analyzer, main
+from tests.serving import ROOT, running_server
+
+TOOLS = ROOT / ".tools" / "perf_analyzer"
+
+
+@pytest.fixture(scope="module")
+def perf_analyzer() -> Path:
+    # Idempotent: downloads the tritonclient 2.51.0 wheel's binary and libcudart the first
+    # time (pip download, ~17 MB), installs libb64 with apt-get if it is missing.
+    return ensure_perf_analyzer(TOOLS)
+
+
+def test_perf_analyzer_reports_every_concurrency_level(
+    perf_analyzer: Path, tiny_repository: Path, tiny_run: Path, tmp_path: Path
+) -> None:
+    with running_server(tiny_repository) as server:
+        model = server.server.repository.get().name
+        status = main(
+            [
+                *("--url", server.address, "--model", model),
+                *("--texts", str(tiny_run / "test.jsonl"), "--num-texts", "50"),
+                *("--concurrency", "1,2", "--request-count", "40"),
+                # Stability is not what this test checks; a busy CI machine must not fail it.
+                *("--stability", "100", "--output", str(tmp_path), "--tools", str(TOOLS)),
+            ]
+        )
+        served = server.metrics.registry.get_sample_value(
+            "textserve_request_duration_seconds_count",
+            {"method": "ModelInfer", "model": model, "code": "OK"},
+        )
+    assert status == 0
+    reports = json.loads((tmp_path / "perf_analyzer.json").read_text())
+    assert [r["concurrency"] for r in reports] == [1, 2]
+    for report in reports:
+        assert report["throughput"] > 0
+        assert 0 < report["p50_ms"] <= report["p90_ms"] <= report["p95_ms"] <= report["p99_ms"]
+        # Read by perf_analyzer from ModelStatistics: the server-side split is there.
+        assert report["server_compute_infer_ms"] > 0
+    assert served is not None and served >= 2 * 3 * 40  # >= 3 windows of 40 per level
+    sent = json.loads((tmp_path / "perf_analyzer_input.json").read_text())["data"]
+    assert len(sent) == 50 and all(d["TEXT"]["shape"] == [1] for d in sent)

@@ -1,0 +1,349 @@
+"""Unit tests of the dynamic batcher with a fake run_batch: grouping, limits, deadlines, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.batcher import Batcher, BatchStats, Coalescer
+from service.config import BatcherConfig
+from service.errors import DeadlineExceededError, InternalError, NotReadyError, OverloadedError
+
+
+class FakeModel:
+    """run_batch: echoes each payload's value in column 0 and the batch's size in column 1."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.batches: list[list[int]] = []
+        self.gate = gate
+
+    def __call__(self, payloads: list[int]) -> np.ndarray:
+        if self.gate is not None:
+            self.gate.wait(5)
+        self.batches.append(list(payloads))
+        out = np.zeros((len(payloads), 2), dtype=np.float32)
+        out[:, 0] = payloads
+        out[:, 1] = len(payloads)
+        return out
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, int, float]] = []
+        self.waits: list[float] = []
+        self.depths: list[int] = []
+
+    def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
+        self.batches.append((size, padded_tokens, padding_ratio))
+
+    def on_queue_waits(self, waits: Any) -> None:
+        self.waits.extend(waits)
+
+    def on_queue_depth(self, depth: int) -> None:
+        self.depths.append(depth)
+
+
+def run(
+    body: Callable[[Batcher[int], FakeModel], Awaitable[Any]],
+    model: FakeModel | None = None,
+    observer: Recorder | None = None,
+    **config: Any,
+) -> Any:
+    model = model or FakeModel()
+
+    async def main() -> Any:
+        batcher: Batcher[int] = Batcher(
+            model, BatcherConfig(**config), observer=observer, name="fake"
+        )
+        batcher.start()
+        try:
+            return await body(batcher, model)
+        finally:
+            await batcher.close()
+
+    return asyncio.run(main())
+
+
+async def wait_until(predicate: Callable[[], bool]) -> None:
+    for _ in range(10_000):
+        if predicate():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition never became true")
+
+
+def test_results_come_back_to_each_caller_in_order() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        results = await asyncio.gather(
+            batcher.submit([1, 2, 3], [5, 5, 5]), batcher.submit([4], [5])
+        )
+        assert results[0].outputs[:, 0].tolist() == [1, 2, 3]
+        assert results[1].outputs[:, 0].tolist() == [4]
+        assert sum(len(b) for b in model.batches) == 4
+
+    run(body)
+
+
+def test_concurrent_requests_share_a_batch() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        tasks = [asyncio.create_task(batcher.submit([i], [4])) for i in range(10)]
+        await wait_until(lambda: batcher.snapshot().queue_depth == 10)
+        batcher.resume()
+        results = await asyncio.gather(*tasks)
+        assert model.batches == [list(range(10))]
+        assert all(r.outputs[0, 1] == 10 for r in results)
+        assert batcher.snapshot().max_batch_size_seen == 10
+
+    run(body, max_queue_delay=1.0, max_batch_size=10)
+
+
+def test_batches_respect_max_batch_size_and_tokens() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        task = asyncio.create_task(batcher.submit(list(range(10)), [10] * 10))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 10)
+        batcher.resume()
+        await task
+        # 4 items x 10 tokens = 40 > 35 tokens: at most 3 per batch
+        assert [len(b) for b in model.batches] == [3, 3, 3, 1]
+
+    run(body, max_batch_size=4, max_batch_tokens=35)
+
+
+def test_an_item_longer_than_the_token_budget_still_runs_alone() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        result = await batcher.submit([7], [100])
+        assert result.outputs[0, 0] == 7
+
+    run(body, max_batch_tokens=10)
+
+
+def test_items_of_similar_length_are_grouped() -> None:
+    recorder = Recorder()
+
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        # payload == length; alternate short and long texts
+        lengths = [4, 60, 5, 61, 6, 62, 7, 63]
+        task = asyncio.create_task(batcher.submit(lengths, lengths))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 8)
+        batcher.resume()
+        await task
+        assert [sorted(b) for b in model.batches] == [[4, 5, 6, 7], [60, 61, 62, 63]]
+        ratios = [ratio for _, _, ratio in recorder.batches]
+        assert max(ratios) < 0.5
+
+    run(body, observer=recorder, max_batch_size=4)
+
+
+def test_padding_cap_splits_full_batches_but_not_small_ones() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        lengths = [10] * 8 + [40] * 8 + [12, 41]  # 18 items, two length groups
+        task = asyncio.create_task(batcher.submit(lengths, lengths))
+        await wait_until(lambda: batcher.snapshot().queue_depth == len(lengths))
+        batcher.resume()
+        await task
+        assert [sorted(b) for b in model.batches] == [[10] * 8 + [12], [40] * 8 + [41]]
+        model.batches.clear()
+        await batcher.submit([5, 40, 6], [5, 40, 6])  # fewer than min_fill: one batch
+        assert len(model.batches) == 1
+
+    run(body, max_padding_ratio=0.25, min_fill=8)
+
+
+def test_oldest_item_anchors_the_batch_so_long_items_do_not_starve() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        long = asyncio.create_task(batcher.submit([100], [100]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        shorts = [asyncio.create_task(batcher.submit([i], [3])) for i in range(4)]
+        await wait_until(lambda: batcher.snapshot().queue_depth == 5)
+        batcher.resume()
+        await asyncio.gather(long, *shorts)
+        assert 100 in model.batches[0]
+
+    run(body, max_batch_size=2)
+
+
+def test_full_queue_refuses_at_once() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        first = asyncio.create_task(batcher.submit([1, 2, 3], [1, 1, 1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        with pytest.raises(OverloadedError, match="overloaded: 3 texts queued"):
+            await batcher.submit([4, 5], [1, 1])
+        with pytest.raises(OverloadedError, match="can never fit"):
+            await batcher.submit([1] * 5, [1] * 5)
+        batcher.resume()
+        await first
+        assert batcher.snapshot().rejected_overloaded == 2
+
+    run(body, max_queue_size=4)
+
+
+def test_expired_deadline_is_dropped_before_inference() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        loop = asyncio.get_running_loop()
+        expiring = asyncio.create_task(batcher.submit([1, 2], [3, 3], deadline=loop.time() + 0.02))
+        keeper = asyncio.create_task(batcher.submit([3], [3]))
+        with pytest.raises(DeadlineExceededError, match="deadline exceeded"):
+            await expiring
+        batcher.resume()
+        await keeper
+        assert model.batches == [[3]]
+        assert batcher.snapshot().dropped_deadline == 2
+
+    run(body)
+
+
+def test_deadline_already_passed_is_refused() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        with pytest.raises(DeadlineExceededError):
+            await batcher.submit([1], [1], deadline=asyncio.get_running_loop().time() - 1)
+        assert model.batches == []
+
+    run(body)
+
+
+def test_cancelled_caller_is_dropped_before_inference() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        gone = asyncio.create_task(batcher.submit([1, 2], [3, 3]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 2)
+        gone.cancel()
+        stays = asyncio.create_task(batcher.submit([3], [3]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        batcher.resume()
+        await stays
+        assert model.batches == [[3]]
+        assert batcher.snapshot().dropped_cancelled == 2
+
+    run(body)
+
+
+def test_inference_error_fails_the_batch_and_the_batcher_goes_on() -> None:
+    calls = []
+
+    def flaky(payloads: list[int]) -> np.ndarray:
+        calls.append(payloads)
+        if len(calls) == 1:
+            raise ValueError("boom")
+        return np.ones((len(payloads), 1))
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(flaky, BatcherConfig())
+        batcher.start()
+        with pytest.raises(InternalError, match="inference failed"):
+            await batcher.submit([1], [1])
+        assert (await batcher.submit([2], [1])).outputs.shape == (1, 1)
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_observer_sees_batches_waits_and_depth() -> None:
+    recorder = Recorder()
+
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        await batcher.submit([1, 2], [2, 4])
+
+    run(body, observer=recorder)
+    assert recorder.batches == [(2, 8, 0.25)]
+    assert len(recorder.waits) == 2
+    assert recorder.depths[0] == 2 and recorder.depths[-1] == 0
+
+
+def test_close_drains_queued_work_then_refuses() -> None:
+    async def main() -> None:
+        model = FakeModel()
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(max_queue_delay=5.0))
+        batcher.start()
+        pending = asyncio.create_task(batcher.submit([1, 2], [1, 1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 2)
+        await batcher.close(timeout=None)  # flushes rather than waiting the 5 s delay
+        assert (await pending).outputs[:, 0].tolist() == [1, 2]
+        with pytest.raises(NotReadyError):
+            await batcher.submit([3], [1])
+
+    asyncio.run(main())
+
+
+def test_close_without_grace_fails_what_is_left() -> None:
+    gate = threading.Event()
+
+    async def main() -> None:
+        model = FakeModel(gate)
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(max_batch_size=1))
+        batcher.start()
+        running = asyncio.create_task(batcher.submit([1], [1]))
+        queued = asyncio.create_task(batcher.submit([2], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)  # 1 runs, 2 waits
+        await batcher.close(timeout=0)
+        gate.set()
+        with pytest.raises(NotReadyError, match="stopped during inference"):
+            await running
+        with pytest.raises(NotReadyError, match="shut down"):
+            await queued
+
+    asyncio.run(main())
+
+
+def test_timings_report_queue_and_inference() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        result = await batcher.submit([1], [1])
+        assert result.queue_seconds >= 0.0
+        assert result.inference_seconds > 0.0
+
+    run(body)
+
+
+def test_stats_mean_batch_size() -> None:
+    stats = BatchStats(batches=4, items=10)
+    assert stats.mean_batch_size == 2.5
+    assert BatchStats().mean_batch_size == 0.0
+
+
+def test_coalescer_joins_callers_into_one_run() -> None:
+    runs: list[list[str]] = []
+    seen: list[tuple[int, float]] = []
+
+    def upper(items: list[str]) -> list[str]:
+        runs.append(items)
+        return [s.upper() for s in items]
+
+    async def main() -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            coalescer: Coalescer[str, str] = Coalescer(
+                upper, pool, on_run=lambda n, s: seen.append((n, s))
+            )
+            results = await asyncio.gather(*(coalescer.run([c, c + c]) for c in "abc"))
+        assert [list(r) for r in results] == [["A", "AA"], ["B", "BB"], ["C", "CC"]]
+        assert sum(len(r) for r in runs) == 6 and len(runs) <= 2
+        assert sum(n for n, _ in seen) == 6
+
+    asyncio.run(main())
+
+
+def test_coalescer_passes_errors_to_every_caller() -> None:
+    def broken(items: list[str]) -> list[str]:
+        raise RuntimeError("tokenizer broke")
+
+    async def main() -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            coalescer: Coalescer[str, str] = Coalescer(broken, pool)
+            with pytest.raises(RuntimeError, match="tokenizer broke"):
+                await coalescer.run(["x"])
+
+    asyncio.run(main())

@@ -1,0 +1,96 @@
+"""The Grafana dashboard and provisioning files: consistent with each other and with metrics.py.
+
+Whether each query returns data from a real server is tests/system/test_prometheus.py; this
+checks the structure in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from service.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "textserve.json"
+DATASOURCES = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    loaded = json.loads(DASHBOARD.read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def exprs(dashboard: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in panels(dashboard) for t in p["targets"]]
+
+
+def test_every_panel_uses_the_provisioned_data_source(dashboard: dict[str, Any]) -> None:
+    provisioned = yaml.safe_load(DATASOURCES.read_text())["datasources"][0]
+    expected = {"type": provisioned["type"], "uid": provisioned["uid"]}
+    for panel in panels(dashboard):
+        assert panel["datasource"] == expected, panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == expected, panel["title"]
+    for variable in dashboard["templating"]["list"]:
+        assert variable["datasource"] == expected
+
+
+def test_panels_have_unique_ids_and_do_not_overlap(dashboard: dict[str, Any]) -> None:
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    taken: set[tuple[int, int]] = set()
+    for panel in dashboard["panels"]:
+        g = panel["gridPos"]
+        assert g["x"] + g["w"] <= 24, panel["title"]
+        cells = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not cells & taken, f"{panel['title']} overlaps another panel"
+        taken |= cells
+
+
+def test_every_metric_queried_is_one_the_server_exports(dashboard: dict[str, Any]) -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.init_model("m")
+    metrics.set_model_info("m", 1, "CPUExecutionProvider")
+    exported = {s.name for family in metrics.registry.collect() for s in family.samples}
+    for expr in exprs(dashboard):
+        for name in re.findall(r"\b(textserve_\w+|process_\w+)", expr):
+            assert name in exported or name.startswith("process_"), f"{name} in {expr}"
+
+
+def test_the_panels_the_issue_asks_for(dashboard: dict[str, Any]) -> None:
+    everything = "\n".join(exprs(dashboard))
+    assert "rate(textserve_requests_total" in everything  # request rate
+    for stage in ("request", "queue", "tokenize", "inference"):
+        for q in ("0.5", "0.95", "0.99"):
+            quantile = rf"histogram_quantile\({q}, sum by \(le[^)]*\) \(rate\("
+            bucket = rf"textserve_{stage}_duration_seconds_bucket"
+            assert re.search(quantile + bucket, everything), (stage, q)
+    assert "textserve_batch_size_bucket" in everything
+    assert "textserve_batch_padding_ratio" in everything
+    assert "textserve_queue_depth" in everything
+    assert "sum by (reason) (rate(textserve_request_failures_total" in everything
+    assert "max by (model, version, provider) (textserve_model_info" in everything
+
+
+def test_queries_filter_on_the_model_variable(dashboard: dict[str, Any]) -> None:
+    names = {v["name"] for v in dashboard["templating"]["list"]}
+    assert names == {"model"}
+    for expr in exprs(dashboard):
+        if "textserve_" in expr:
+            assert 'model=~"$model"' in expr, expr

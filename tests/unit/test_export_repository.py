@@ -1,0 +1,64 @@
+"""export_run's input checks and its repository bookkeeping (versions, stale temp dirs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+onnx_export = pytest.importorskip("export.onnx_export")
+from export.errors import ExportError  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "../escape"}, "model name '../escape' must be"),
+        ({"name": ".hidden"}, "model name '.hidden' must be"),
+        ({"quantize": "int4"}, "quantize must be one of int8, got 'int4'"),
+        ({"quantize": "int8", "fp16": True}, "choose one of --quantize int8 and --fp16"),
+        ({"max_accuracy_drop": -1.0}, "max accuracy drop must be >= 0 points"),
+        ({"opset": 16}, "opset must be >= 17, got 16"),
+        ({"exporter": "jit"}, "exporter must be one of torchscript, dynamo"),
+        ({"atol": -1.0}, "tolerances must be >= 0"),
+    ],
+)
+def test_bad_options_are_refused_before_any_work(
+    tmp_path: Path, kwargs: dict[str, object], message: str
+) -> None:
+    args = {"name": "ok", **kwargs}
+    name = args.pop("name")
+    with pytest.raises(ExportError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        onnx_export.export_run(tmp_path / "no-run", tmp_path / "models", name, **args)
+    assert not (tmp_path / "models").exists()  # nothing was created
+
+
+def test_missing_run_dir_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match=f"run directory {tmp_path / 'nope'} does not exist"):
+        onnx_export.export_run(tmp_path / "nope", tmp_path / "models", "m")
+    assert not (tmp_path / "models").exists()
+
+
+def test_next_version_counts_integer_directories_only(tmp_path: Path) -> None:
+    assert onnx_export.next_version(tmp_path) == 1
+    for name in ("1", "3", ".tmp-1-abc", "latest", "0007"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "9").write_text("a file, not a version")
+    assert onnx_export.next_version(tmp_path) == 8
+
+
+def test_stale_temp_dirs_of_dead_exports_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    stale = tmp_path / f".tmp-{int(dead.stdout)}-x1"
+    live = tmp_path / f".tmp-{os.getpid()}-x2"  # an export running right now (us)
+    other = tmp_path / ".tmp-notapid"
+    for path in (stale, live, other):
+        path.mkdir()
+        (path / "model.onnx").write_bytes(b"partial")
+    onnx_export._remove_stale_temp_dirs(tmp_path)
+    assert not stale.exists()
+    assert live.exists() and other.exists()
