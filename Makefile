@@ -8,6 +8,7 @@ PORT ?= 50051
 METRICS_PORT ?= 8000
 MODEL ?= default
 REPOSITORY ?= models
+BENCH_ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: venv serve test lint typecheck pytest protos bench system-deps clean
@@ -23,10 +24,11 @@ venv: $(VENV)/.installed
 # Debian packages the system tests use: the real Prometheus server (and promtool), and
 # docker-compose to validate docker-compose.yml (no engine needed); skipped when present.
 system-deps:
-	@command -v prometheus >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1 || { \
+	@command -v prometheus >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1 \
+	  && ldconfig -p | grep -q libb64.so.0d || { \
 	  SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
-	    prometheus docker-compose >/dev/null; }
+	    prometheus docker-compose libb64-0d >/dev/null; }
 
 ## serve: set up, fetch the default data, train + export the default model if none exists, serve it
 serve: venv
@@ -52,9 +54,12 @@ protos: venv
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. \
 	  protos/textserve/v1/*.proto $$(ls protos/inference/*.proto 2>/dev/null)
 
-## bench: the standard benchmark sweep against a server it starts on the default model
+## bench: the standard benchmark sweep against servers it starts on the default model (a few
+## minutes); BENCH_ARGS adds `textserve bench` flags, e.g. BENCH_ARGS="--api oip"
 bench: venv
-	$(PY) -m service.cli bench --repository $(REPOSITORY) --model $(MODEL) --output bench/results
+	$(PY) -m service.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
+	$(PY) -m service.cli bench --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
+	  $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -6,6 +6,7 @@ concurrency level, plus the server-side queue/compute split it reads from ModelS
 
     python bench/perf_analyzer.py --url 127.0.0.1:50051 --model default \\
         --texts runs/<run>/test.jsonl --concurrency 1,2,4,8 --output bench/results
+    python bench/perf_analyzer.py --repository models --model default   # starts a server
 
 Setup is idempotent (``--setup-only`` does just that): the perf_analyzer that loads on glibc
 2.36 is the one inside the tritonclient 2.51.0 wheel (newer ones need glibc 2.38), so that
@@ -17,15 +18,19 @@ nvidia-cuda-runtime-cu12 (linked in, though no GPU is used); libb64 comes from a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 TRITONCLIENT = "tritonclient==2.51.0"
@@ -208,6 +213,55 @@ def format_table(reports: Sequence[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def local_server(
+    repository: Path, model: str, log_path: Path, extra: Sequence[str] = (), timeout: float = 300
+) -> Iterator[str]:
+    """`textserve serve` on 127.0.0.1 (a free port) for the run; yields its address.
+
+    Ready when grpc.health.v1 says SERVING (polled, never a fixed sleep); terminated (SIGTERM,
+    the graceful drain) at the end, killed if it does not stop.
+    """
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    command = [
+        *(sys.executable, "-m", "service.cli", "serve", "--repository", str(repository)),
+        *("--model", model, "--listen", "127.0.0.1:0", "--metrics-port", "off", *extra),
+    ]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        address = None
+        while address is None:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"textserve serve did not start; see {log_path}")
+            found = re.search(r"listening on (127\.0\.0\.1:\d+)", log_path.read_text())
+            address = found.group(1) if found else None
+            time.sleep(0.1)  # polling interval
+        with grpc.insecure_channel(address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"textserve serve never became SERVING; see {log_path}")
+                try:
+                    status = health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass  # not listening yet
+                time.sleep(0.1)
+        yield address
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def default_texts() -> Path:
     """The test split of the newest training run: real held-out texts."""
     runs = sorted(Path("runs").glob("*/test.jsonl"), key=lambda p: p.stat().st_mtime)
@@ -219,6 +273,10 @@ def default_texts() -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="127.0.0.1:50051", help="textserve's gRPC host:port")
+    parser.add_argument(
+        "--repository", type=Path, help="start `textserve serve` on this repository instead"
+    )
+    parser.add_argument("--server-args", default="", help="more `textserve serve` flags")
     parser.add_argument("--model", default="default")
     parser.add_argument("--texts", type=Path, help="JSONL/CSV/lines of real texts")
     parser.add_argument("--num-texts", type=int, default=500, help="texts to cycle through")
@@ -227,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--request-count", type=int, default=300, help="requests per window")
     parser.add_argument("--stability", type=int, default=25, help="allowed variation, %%")
     parser.add_argument("--percentile", type=int, help="stabilize on this percentile, not mean")
+    parser.add_argument("--level-timeout", type=float, default=600, help="seconds per level")
     parser.add_argument("--output", type=Path, default=Path("bench/results"))
     parser.add_argument("--tools", type=Path, default=DEFAULT_TOOLS)
     parser.add_argument("--setup-only", action="store_true", help="install perf_analyzer, exit")
@@ -236,16 +295,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.setup_only:
         print(binary)
         return 0
-    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.output.mkdir(parents=True, exist_ok=True)
     texts = load_texts(args.texts or default_texts(), args.num_texts)
     input_data = write_input_data(texts, args.output / "perf_analyzer_input.json")
+    if args.repository is None:
+        return sweep(binary, args, args.url, input_data)
+    log = args.output / "perf_analyzer_server.log"
+    with local_server(args.repository, args.model, log, shlex.split(args.server_args)) as url:
+        return sweep(binary, args, url, input_data)
+
+
+def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) -> int:
+    """perf_analyzer at each concurrency level; the table on stdout, the figures in JSON."""
     reports = []
-    for level in levels:
+    for level in [int(c) for c in args.concurrency.split(",") if c.strip()]:
         csv_path = args.output / f"perf_analyzer_c{level}.csv"
         command = perf_analyzer_command(
             binary,
-            url=args.url,
+            url=url,
             model=args.model,
             concurrency=level,
             input_data=input_data,
@@ -256,7 +323,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             percentile=args.percentile,
         )
         print("+", " ".join(command), flush=True)
-        done = subprocess.run(command, env=tool_env(args.tools), capture_output=True, text=True)
+        try:
+            done = subprocess.run(
+                command,
+                env=tool_env(args.tools),
+                capture_output=True,
+                text=True,
+                timeout=args.level_timeout,
+            )
+        except subprocess.TimeoutExpired as exc:
+            for partial in (exc.stdout, exc.stderr):  # bytes here even with text=True
+                if partial:
+                    sys.stderr.write(
+                        partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+                    )
+            sys.stderr.write(f"perf_analyzer did not finish in {args.level_timeout:g}s\n")
+            return 124
         if done.returncode != 0:
             sys.stderr.write(done.stdout + done.stderr)
             return done.returncode

@@ -1,0 +1,1 @@
+"""Export training runs to ONNX model versions: export, validate, optimize, publish, bench."""

@@ -31,7 +31,7 @@ import torch
 from export import transforms, validate
 from export.errors import ExportError
 from model.checkpoint import Run, load_run
-from service.manifest import MODEL_FILE, Manifest, sha256_file
+from service.manifest import MODEL_FILE, Manifest, ManifestError, sha256_file
 
 Predict = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -157,7 +157,10 @@ def _from_repository(model_dir: Path, weights_sha: str) -> dict[str, Path]:
         (p for p in model_dir.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name)
     )
     for version_dir in versions:
-        manifest = Manifest.read(version_dir)
+        try:
+            manifest = Manifest.read(version_dir)
+        except ManifestError:
+            continue  # broken or foreign: not a graph to measure
         if manifest.source_checkpoint_sha256 != weights_sha:
             continue  # exported from another checkpoint: comparing it with this run means nothing
         found.setdefault(manifest.precision, version_dir / MODEL_FILE)

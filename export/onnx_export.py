@@ -3,20 +3,17 @@
     >>> export_run("runs/20250101-120000-small", "models", "default")  # doctest: +SKIP
     PosixPath('models/default/1')
 
-The version is built in models/<name>/.tmp-<pid>-XXXX/ and renamed into place only after every
-check passed, so a crash, a full disk or a failed check never leaves a partial version behind
-(a directory whose name is not an integer is not a version). A temporary directory left by a
-process that died (SIGKILL, power loss) is removed by the next export.
+Order: load the run, export, check, optimize, check again, derive int8/fp16 if asked, then
+publish atomically (export/publish.py) — only after every check passed, so a crash, a full
+disk or a failed check never leaves a partial version behind.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,13 +25,13 @@ import torch
 
 from export import transforms, validate
 from export.errors import ExportError
+from export.publish import make_temp_dir, publish
 from model.checkpoint import Run
 from service.manifest import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file
 
 logger = logging.getLogger(__name__)
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-TEMP_PREFIX = ".tmp-"
 QUANTIZE_CHOICES = ("int8",)
 # fp16 against the fp32 PyTorch model: float16 keeps ~3 significant digits, so logits of a few
 # units differ by up to ~1e-2; 5e-2 + 1e-2·|logit| leaves room without hiding a broken graph.
@@ -72,12 +69,14 @@ def export_run(
     """Export, check and publish the run as the next version of `name`; returns its directory.
 
     Raises ExportError for bad input (run directory, repository, options) and its subclass
-    CheckFailed when the model fails a check; in both cases nothing is published.
+    CheckFailed when the model fails a check; in both cases nothing is published. `atol`/`rtol`
+    bound the fp32 parity check; `threads` sets torch's and onnxruntime's CPU threads (None:
+    their defaults). int8 and fp16 graphs are derived from the checked fp32 graph.
     """
     _check_options(name, quantize, fp16, max_accuracy_drop, opset, exporter, atol, rtol)
     run = _load_run(run_dir, threads)
     model_dir = Path(repository) / name
-    tmp = _make_temp_dir(model_dir)
+    tmp = make_temp_dir(model_dir)
     try:
         work = tmp / ".work"
         work.mkdir()
@@ -99,7 +98,7 @@ def export_run(
         shutil.rmtree(work)
         manifest = Manifest(
             name=name,
-            version=1,  # set by _publish to the version it gets
+            version=1,  # publish() sets the version it gets
             labels=list(run.labels),
             max_length=run.max_length,
             pad_token_id=run.pad_token_id,
@@ -112,7 +111,7 @@ def export_run(
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             extra=built.extra,
         )
-        version_dir = _publish(tmp, model_dir, manifest)
+        version_dir = publish(tmp, model_dir, manifest)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
@@ -166,89 +165,6 @@ def _load_run(run_dir: str | Path, threads: int | None) -> Run:
         return load_run(run_dir)
     except CheckpointError as exc:
         raise ExportError(str(exc)) from None
-
-
-def _make_temp_dir(model_dir: Path) -> Path:
-    try:
-        model_dir.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temp_dirs(model_dir)
-        return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=model_dir))
-    except OSError as exc:
-        raise ExportError(
-            f"cannot write to the model repository {model_dir}: {exc.strerror or exc}"
-        ) from None
-
-
-def _remove_stale_temp_dirs(model_dir: Path) -> None:
-    """Remove temp dirs of exports whose process is gone (killed before it could clean up)."""
-    for path in model_dir.glob(f"{TEMP_PREFIX}*"):
-        match = re.match(rf"^{re.escape(TEMP_PREFIX)}(\d+)-", path.name)
-        if match and path.is_dir() and not _pid_alive(int(match.group(1))):
-            logger.info("removing %s, left by an export that did not finish", path)
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
-
-def next_version(model_dir: Path) -> int:
-    """1 + the highest integer-named directory (broken ones count: their number stays taken)."""
-    numbers = [int(p.name) for p in model_dir.iterdir() if p.name.isdigit() and p.is_dir()]
-    return max(numbers, default=0) + 1
-
-
-def _publish(tmp: Path, model_dir: Path, manifest: Manifest) -> Path:
-    """Write the manifest last, flush everything to disk, rename tmp to the next free version."""
-    for _ in range(1000):
-        version = next_version(model_dir)
-        final = Manifest(**{**manifest.__dict__, "version": version})
-        final.check()
-        final.write(tmp)
-        _fsync_tree(tmp)
-        # mkdtemp makes the directory 0700; a version must be readable like any other file
-        # (the server may run as another user).
-        os.chmod(tmp, 0o777 & ~_umask())
-        target = model_dir / str(version)
-        try:
-            # rename(2) is atomic: readers see no version or a complete one. It fails on an
-            # existing non-empty directory: another export took that number, so try the next.
-            os.rename(tmp, target)
-        except OSError as exc:
-            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                continue
-            raise
-        _fsync_dir(model_dir)
-        return target
-    raise ExportError(f"could not find a free version number in {model_dir}")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_tree(directory: Path) -> None:
-    for path in directory.iterdir():
-        if path.is_file():
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _build(

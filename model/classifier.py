@@ -93,12 +93,12 @@ PRESETS: dict[str, ModelConfig] = {
     # deeper encoder over-fits that much data and is slower without being more accurate.
     "small": ModelConfig(
         vocab_size=8000,
-        max_length=64,
+        max_length=64,  # snippets: median 18 words, 99th percentile 40
         d_model=128,
         n_heads=4,
         n_layers=2,
         d_ff=512,
-        dropout=0.1,
+        dropout=0.2,  # 0.1 over-fits after two epochs; 0.3 is no better
         attention_dropout=0.1,
     ),
     "base": ModelConfig(

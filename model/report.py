@@ -58,6 +58,7 @@ def plot_curves(history: Sequence[dict[str, float]], path: Path, title: str = ""
 
     matplotlib.use("Agg")  # no display on servers and in CI
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     epochs = [h["epoch"] for h in history]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
@@ -70,6 +71,8 @@ def plot_curves(history: Sequence[dict[str, float]], path: Path, title: str = ""
     ax_acc.plot(epochs, [h["val_macro_f1"] for h in history], marker="o", label="val macro-F1")
     ax_acc.set_xlabel("epoch")
     ax_acc.legend()
+    for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
         fig.suptitle(title)
     fig.tight_layout()

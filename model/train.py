@@ -143,15 +143,13 @@ def predict(
 ) -> torch.Tensor:
     """Logits (N, num_labels) on CPU, in the order of `ids`."""
     model.eval()
-    out = torch.empty(0)
-    chunks: dict[int, torch.Tensor] = {}
+    out = torch.empty(len(ids), 0)
     with torch.inference_mode(), _autocast(device):
         for batch in make_batches([len(r) for r in ids], batch_size, None):
             logits = model(*collate([ids[i] for i in batch], device)).float().cpu()
-            for i, row in zip(batch, logits, strict=True):
-                chunks[i] = row
-    if ids:
-        out = torch.stack([chunks[i] for i in range(len(ids))])
+            if out.shape[1] == 0:
+                out = torch.empty(len(ids), logits.shape[1])
+            out[batch] = logits  # back in input order: batches are sorted by length
     return out
 
 

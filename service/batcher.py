@@ -3,15 +3,14 @@
 Imports neither grpc nor onnxruntime. `Batcher` takes a plain callable
 `run_batch(payloads) -> np.ndarray` (one output row per payload) and runs it on an executor
 thread, so it is tested with fakes in microseconds and with onnxruntime in integration.
-`Coalescer` does the same for per-request work such as tokenization: everything submitted
-while one run is going on is done together in the next run.
 
 Batch formation (see ../shared/DESIGN.md): the oldest waiting item anchors the batch, so no item
 starves; the batch is filled from the anchor's length bucket outwards (nearest lengths first)
 while it holds fewer than `max_batch_size` items, `items x longest` stays within
-`max_batch_tokens` and, once it has `min_fill` items, padding stays under `max_padding_ratio`. A batch starts when it is full or when its oldest item has waited
-`max_queue_delay`. Items whose caller cancelled or whose deadline passed are dropped before
-inference. The queue is bounded: a request that does not fit is refused at once.
+`max_batch_tokens` and, once it has `min_fill` items, padding stays under `max_padding_ratio`.
+A batch starts when it is full or when its oldest item has waited `max_queue_delay`. Items whose
+caller cancelled or whose deadline passed are dropped before inference. The queue is bounded: a
+request that does not fit is refused at once.
 """
 
 from __future__ import annotations
@@ -34,8 +33,6 @@ from service.errors import DeadlineExceededError, InternalError, NotReadyError, 
 logger = logging.getLogger(__name__)
 
 P = TypeVar("P")  # a payload: whatever run_batch needs per item (token ids, for the model)
-T = TypeVar("T")
-R = TypeVar("R")
 
 BUCKET_WIDTH = 8  # tokens per length bucket: items this close in length pad each other cheaply
 
@@ -477,61 +474,3 @@ class Batcher(Generic[P]):
         stats = BatchStats(**{k: getattr(self.stats, k) for k in BatchStats.__dataclass_fields__})
         stats.queue_depth = self._count
         return stats
-
-
-class Coalescer(Generic[T, R]):
-    """Run `fn(items) -> results` (one result per item) on an executor, coalescing callers.
-
-    At most one run is in flight; whatever callers submit meanwhile goes into the next run
-    together, so under load one thread hop serves many requests (tokenizers' encode_batch is
-    parallel inside and releases the GIL).
-    """
-
-    def __init__(
-        self,
-        fn: Callable[[list[T]], Sequence[R]],
-        executor: Executor,
-        *,
-        on_run: Callable[[int, float], None] | None = None,  # (items, seconds) per run
-    ) -> None:
-        self._fn = fn
-        self._executor = executor
-        self._on_run = on_run
-        self._pending: list[tuple[Sequence[T], asyncio.Future[Sequence[R]]]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def run(self, items: Sequence[T]) -> Sequence[R]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Sequence[R]] = loop.create_future()
-        self._pending.append((items, future))
-        if self._task is None:
-            self._task = loop.create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._pending:
-                jobs, self._pending = self._pending, []
-                jobs = [(items, fut) for items, fut in jobs if not fut.done()]
-                if not jobs:
-                    continue
-                flat = [x for items, _ in jobs for x in items]
-                started = time.perf_counter()
-                try:
-                    results = await loop.run_in_executor(self._executor, self._fn, flat)
-                except Exception as exc:
-                    for _, fut in jobs:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    continue
-                if self._on_run is not None:
-                    self._on_run(len(flat), time.perf_counter() - started)
-                offset = 0
-                for items, fut in jobs:
-                    end = offset + len(items)
-                    if not fut.done():
-                        fut.set_result(results[offset:end])
-                    offset = end
-        finally:
-            self._task = None

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from service import client_flags
 from service.cli import CliError
 
 
@@ -36,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=int, default=256, help="texts per request (default: 256)"
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    client_flags.add_arguments(parser)
 
 
 def read_texts(args: argparse.Namespace) -> list[str]:
@@ -47,6 +49,10 @@ def read_texts(args: argparse.Namespace) -> list[str]:
                 lines = fh.read().splitlines()
         except OSError as exc:
             raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise CliError(
+                f"{args.file} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
     elif args.file == "-" or not sys.stdin.isatty():
         lines = sys.stdin.read().splitlines()
     else:
@@ -88,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     predictions = []
     model = version = None
     try:
-        with Client(args.server, timeout=args.timeout) as client:
+        with Client(
+            args.server, timeout=args.timeout, **client_flags.client_options(args)
+        ) as client:
             for chunk in chunks(texts, args.batch_size):
                 result = client.classify(
                     chunk,
@@ -103,6 +111,13 @@ def run(args: argparse.Namespace) -> int:
     except ClientError as exc:
         if exc.code == "UNAVAILABLE":
             raise CliError(f"cannot reach a ready server at {args.server}: {exc.message}") from None
+        if exc.code == "UNAUTHENTICATED":
+            raise CliError(
+                f"the server refused the call: {exc.message} (give the token with --token-file "
+                f"or ${client_flags.TOKEN_ENV})"
+            ) from None
+        raise CliError(str(exc)) from None
+    except ValueError as exc:  # unusable TLS files or token, text that is not valid Unicode
         raise CliError(str(exc)) from None
     if args.json:
         doc = {

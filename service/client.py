@@ -7,6 +7,10 @@
     async with AsyncClient("127.0.0.1:50051") as client:
         result = await client.classify(["..."], all_scores=True)
 
+TLS, mutual TLS and bearer tokens (see service.security)::
+
+    Client("host:50051", ca="ca.pem", cert="client.pem", key="client.key", token="...")
+
 Server errors arrive as `ClientError` with the gRPC code name and the server's message.
 """
 
@@ -14,11 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
 
+from service.security import bearer_metadata, open_channel
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
@@ -73,6 +79,15 @@ def _request(
 ) -> pb.ClassifyRequest:
     if isinstance(texts, str):
         raise TypeError("texts must be a sequence of strings, not one string")
+    for index, text in enumerate(texts):
+        if isinstance(text, str) and not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:  # gRPC strings are UTF-8: lone surrogates can't go
+                raise ValueError(
+                    f"texts[{index}] is not valid Unicode text (a lone surrogate at character "
+                    f"{exc.start}); decode your input with errors='replace' or fix it"
+                ) from None
     request = pb.ClassifyRequest(
         id=request_id,
         texts=list(texts),
@@ -116,10 +131,28 @@ def to_result(response: pb.ClassifyResponse) -> ClassifyResult:
 class Client:
     """Blocking client over one channel; thread-safe (gRPC channels are)."""
 
-    def __init__(self, target: str = DEFAULT_SERVER, *, timeout: float | None = 30.0) -> None:
+    def __init__(
+        self,
+        target: str = DEFAULT_SERVER,
+        *,
+        timeout: float | None = 30.0,
+        tls: bool = False,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+        server_name: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        """TLS when `tls` or `ca` (PEM CA bundle; None: the system's roots) is given; `cert` and
+        `key`: a client certificate for mutual TLS; `server_name`: the name to check the
+        server's certificate against, if not the target's host; `token`: sent as
+        `authorization: Bearer <token>` with every call."""
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(target, options=_OPTIONS)
+        self._metadata = bearer_metadata(token)
+        self._channel = open_channel(
+            target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name, options=_OPTIONS
+        )
         self.stub = pb_grpc.ClassifierStub(self._channel)
 
     def classify(
@@ -136,7 +169,9 @@ class Client:
     ) -> ClassifyResult:
         request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
         try:
-            response = self.stub.Classify(request, timeout=timeout or self.timeout)
+            response = self.stub.Classify(
+                request, timeout=timeout or self.timeout, metadata=self._metadata
+            )
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
         return to_result(response)
@@ -151,7 +186,7 @@ class Client:
 
     def _call(self, method: Any, request: Any) -> Any:
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
 
@@ -173,10 +208,32 @@ class Client:
 class AsyncClient:
     """asyncio client over one grpc.aio channel; create it inside the running loop."""
 
-    def __init__(self, target: str = DEFAULT_SERVER, *, timeout: float | None = 30.0) -> None:
+    def __init__(
+        self,
+        target: str = DEFAULT_SERVER,
+        *,
+        timeout: float | None = 30.0,
+        tls: bool = False,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+        server_name: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        """The same options as Client's."""
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(target, options=_OPTIONS)
+        self._metadata = bearer_metadata(token)
+        self._channel = open_channel(
+            target,
+            tls=tls,
+            ca=ca,
+            cert=cert,
+            key=key,
+            server_name=server_name,
+            options=_OPTIONS,
+            aio=True,
+        )
         self.stub = pb_grpc.ClassifierStub(self._channel)
 
     async def classify(
@@ -193,7 +250,9 @@ class AsyncClient:
     ) -> ClassifyResult:
         request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
         try:
-            response = await self.stub.Classify(request, timeout=timeout or self.timeout)
+            response = await self.stub.Classify(
+                request, timeout=timeout or self.timeout, metadata=self._metadata
+            )
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
         return to_result(response)
@@ -208,7 +267,7 @@ class AsyncClient:
 
     async def _call(self, method: Any, request: Any) -> Any:
         try:
-            return await method(request, timeout=self.timeout)
+            return await method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
 

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.version_policy import PolicySet
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -57,7 +59,7 @@ class BatcherConfig:
 @dataclass(frozen=True)
 class RuntimeConfig:
     device: str = "auto"  # auto: CUDA when onnxruntime offers it, else CPU; cpu; cuda (or fail)
-    intra_op_threads: int = 0  # threads inside one operator; 0: the usable CPUs
+    intra_op_threads: int = 0  # threads inside one operator; 0: the usable CPUs less one
     inter_op_threads: int = 1  # operators run in parallel; 1 because our graphs are sequential
     inference_threads: int = 1  # batches run at the same time per model (one is right on CPU)
     warmup: bool = True  # run a few batches before reporting SERVING
@@ -73,9 +75,32 @@ class RuntimeConfig:
             )
 
     def resolved_intra_op_threads(self) -> int:
-        # All usable cores for one session: tokenization (Rust, GIL released) and the event
-        # loop are short bursts between batches, so more threads would only oversubscribe.
-        return self.intra_op_threads or usable_cpus()
+        # One core is left to the event loop (gRPC) and the tokenizer thread, which are busy
+        # whenever the server is: an intra-op thread sharing a core with them stalls every
+        # parallel section of the graph (a busy 2-core machine: 1.7 vs 2.1 ms CPU per text).
+        return self.intra_op_threads or max(1, usable_cpus() - 1)
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """Transport security and authentication of the gRPC port (see service/security.py)."""
+
+    tls_cert: Path | None = None  # PEM certificate chain of the server; with tls_key: TLS
+    tls_key: Path | None = None  # PEM private key of tls_cert
+    tls_client_ca: Path | None = None  # PEM CA bundle: clients must present a cert it signed
+    auth_token_file: Path | None = None  # bearer tokens, one per line; None: no authentication
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together: give both, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigError(
+                "--tls-client-ca (mutual TLS) needs TLS itself: give --tls-cert and --tls-key too"
+            )
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
 
 @dataclass(frozen=True)
@@ -87,8 +112,14 @@ class ServerConfig:
     metrics_host: str = "127.0.0.1"
     max_texts_per_request: int = 1024
     grace_period: float = 30.0  # seconds to finish in-flight work on SIGTERM/SIGINT
+    # Largest request message accepted; larger ones get RESOURCE_EXHAUSTED from grpc itself.
+    max_message_bytes: int = 4 * 1024 * 1024
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    poll_interval: float = 5.0  # seconds between scans for new/removed versions; 0: no watching
+    version_policy: PolicySet = field(default_factory=PolicySet)  # which versions are served
+    enable_admin: bool = False  # serve textserve.v1.Admin (LoadModel, UnloadModel, Reload...)
 
     def __post_init__(self) -> None:
         host, sep, port = self.listen.rpartition(":")
@@ -104,3 +135,11 @@ class ServerConfig:
             )
         if self.grace_period < 0:
             raise ConfigError(f"--grace-period must be 0 or more, got {self.grace_period}")
+        if self.max_message_bytes < 1024:
+            raise ConfigError(
+                f"--max-message-bytes must be at least 1024, got {self.max_message_bytes}"
+            )
+        if not self.poll_interval >= 0:
+            raise ConfigError(
+                f"--poll-interval must be 0 (no watching) or more seconds, got {self.poll_interval}"
+            )

@@ -44,6 +44,10 @@ class CancelledError(ServiceError):
     """The caller went away; its texts were dropped before inference."""
 
 
+class LoadFailedError(ServiceError):
+    """A model version asked for (admin LoadModel) was refused: broken files; see the reason."""
+
+
 class InternalError(ServiceError):
     """Something failed that the caller cannot fix (inference error...)."""
 
@@ -57,6 +61,7 @@ GRPC_CODES: dict[type[ServiceError], str] = {
     OverloadedError: "RESOURCE_EXHAUSTED",
     DeadlineExceededError: "DEADLINE_EXCEEDED",
     CancelledError: "CANCELLED",
+    LoadFailedError: "FAILED_PRECONDITION",
     InternalError: "INTERNAL",
     ServiceError: "INTERNAL",
 }

@@ -4,6 +4,7 @@ The Dockerfile's HEALTHCHECK runs ``python -m service.health_probe``; it needs n
 serving image lacks (no grpc_health_probe binary to fetch and trust). Use::
 
     python -m service.health_probe --address 127.0.0.1:50051 [--service NAME] [--timeout 3]
+        [--tls-ca ca.pem [--tls-server-name NAME]] [--tls-cert client.pem --tls-key client.key]
 
 Exit status: 0 SERVING, 1 anything else (NOT_SERVING, unknown service, unreachable, timeout),
 with one line on stderr saying which.
@@ -14,16 +15,20 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
 
-def probe(address: str, service: str = "", timeout: float = 3.0) -> tuple[bool, str]:
-    """Check ``service`` ("" = the whole server) at ``address``: (serving?, what was seen)."""
+def probe(address: str, service: str = "", timeout: float = 3.0, **tls: Any) -> tuple[bool, str]:
+    """Check ``service`` ("" = the whole server) at ``address``: (serving?, what was seen).
+    ``tls``: tls, ca, cert, key, server_name as service.security.open_channel takes them."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    from service.security import open_channel
+
+    with open_channel(address, **tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
@@ -41,10 +46,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help="server HOST:PORT")
     parser.add_argument("--service", default="", help='health service name ("" = server)')
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for a reply")
+    parser.add_argument("--tls", action="store_true", help="TLS, trusting the system's roots")
+    parser.add_argument("--tls-ca", help="PEM CA bundle to trust (implies --tls)")
+    parser.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-server-name", help="name the server's certificate must carry")
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout}")
-    serving, seen = probe(args.address, args.service, args.timeout)
+    tls = {
+        "tls": bool(args.tls or args.tls_ca or args.tls_cert),
+        "ca": args.tls_ca,
+        "cert": args.tls_cert,
+        "key": args.tls_key,
+        "server_name": args.tls_server_name,
+    }
+    try:
+        serving, seen = probe(args.address, args.service, args.timeout, **tls)
+    except ValueError as exc:  # unreadable TLS files, or cert without key
+        parser.error(str(exc))
     print(seen, file=sys.stderr)
     return 0 if serving else 1
 

@@ -97,8 +97,10 @@ FAILURE_REASONS: tuple[str, ...] = (
 LOAD_FAILURE_REASONS: tuple[str, ...] = (
     "invalid_manifest",  # manifest.json missing fields or unreadable
     "checksum_mismatch",  # model.onnx does not match the sha256 in the manifest
-    "session_error",  # onnxruntime could not create a session (bad graph, provider missing)
-    "warmup_error",  # the warm-up inference failed
+    "session_error",  # onnxruntime could not load model.onnx (missing, not ONNX, bad graph...)
+    "contract_mismatch",  # model.onnx inputs/outputs have the wrong names, types or ranks
+    "tokenizer_error",  # tokenizer.json missing or not a loadable tokenizers file
+    "warmup_error",  # the warm-up inference failed (or gave wrong-shaped or non-finite logits)
     "other",
 )
 
@@ -315,6 +317,13 @@ class Metrics:
         if previous is not None and previous != (version, provider):
             self.model_info.remove(model, *previous)
         self.model_info.labels(model, version, provider).set(1)
+
+    def clear_model_info(self, model: str) -> None:
+        """No version of ``model`` is served any more: drop its textserve_model_info series."""
+        with self._lock:
+            previous = self._info.pop(model, None)
+        if previous is not None:
+            self.model_info.remove(model, *previous)
 
     def remove_model(self, model: str) -> None:
         """Drop every series of ``model`` (it was unloaded); its requests become UNKNOWN_MODEL."""

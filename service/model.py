@@ -7,6 +7,8 @@ for a text with no tokens, [PAD] to the longest in the batch, mask 1 on real tok
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -16,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from service.batcher import Batcher, BatchStats, Coalescer
+from service.batcher import Batcher, BatchStats
+from service.coalesce import Coalescer
 from service.config import BatcherConfig
 from service.errors import ValidationError
 from service.manifest import Manifest
@@ -27,7 +30,18 @@ if TYPE_CHECKING:
     from service.metrics import Metrics
     from service.runtime import Session
 
+logger = logging.getLogger(__name__)
+
 UNK_TOKEN = "[UNK]"
+# Only the first MAX_CHARS_PER_TOKEN x max_length characters of a text are tokenized: the model
+# sees max_length tokens at most, and tokenizing is linear in characters (a 1 MB text held the
+# shared tokenizer thread for 2-7 s, stalling every request). A token averages 2-5 characters
+# (BPE, English); a text needs over 32 characters per token (long runs of whitespace, control or
+# other characters the normalizer drops) before the cut changes what the model sees.
+MAX_CHARS_PER_TOKEN = 32
+# Run through tokenizer and model at warm-up: a tokenizer whose ids the model does not know
+# fails here, before the version serves, not on the first request.
+WARMUP_TEXT = "The quick brown fox jumps over the lazy dog. A gripping, beautifully acted film!"
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,10 @@ class ModelHandle:
         self._encoder: Coalescer[str, list[int]] = Coalescer(
             self._encode, tokenize_executor, on_run=self._observe_tokenize
         )
+        # Requests that picked this handle and have not finished (tokenizing, queued or running):
+        # a retired version is released only once this reaches zero (see drain()).
+        self._active = 0
+        self._inactive: asyncio.Event | None = None
         self.batcher: Batcher[list[int]] = Batcher(
             self._run_batch,
             batcher_config,
@@ -141,6 +159,9 @@ class ModelHandle:
                 f"model.onnx gives {logits.shape[-1]} logits but the manifest has "
                 f"{len(self.labels)} labels"
             )
+        sample = self._run_batch([self._encode([WARMUP_TEXT])[0][: self.max_length]])
+        if sample.shape != (1, len(self.labels)) or not np.isfinite(sample).all():
+            raise ValueError(f"model.onnx gives {sample!r} for a sample text")
 
     def start(self) -> None:
         self.batcher.start()
@@ -150,6 +171,31 @@ class ModelHandle:
 
     async def close(self, timeout: float | None = 0.0) -> None:
         await self.batcher.close(timeout)
+
+    async def drain(self, timeout: float | None) -> None:
+        """Retire this version once the repository no longer hands it out: wait up to `timeout`
+        seconds (None: no limit) for the requests that already picked it to finish here, then
+        close the batcher (failing anything left with NotReadyError) and release the session."""
+        started = time.monotonic()
+        self.batcher.flush()  # no new traffic comes: run what is queued without waiting to fill
+        if self._active:
+            self._inactive = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._wait_inactive(), timeout)
+            except TimeoutError:
+                logger.warning(
+                    "%s:%d: %d requests still running after %.1fs; cancelling them",
+                    self.name, self.version, self._active, timeout,
+                )  # fmt: skip
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        await self.batcher.close(left)
+        self._session.close()
+
+    async def _wait_inactive(self) -> None:
+        assert self._inactive is not None
+        while self._active:
+            self._inactive.clear()
+            await self._inactive.wait()
 
     def stats(self) -> BatchStats:
         return self.batcher.snapshot()
@@ -169,8 +215,32 @@ class ModelHandle:
         Raises ValidationError, OverloadedError, DeadlineExceededError, NotReadyError.
         `method` names the calling front end (reserved for per-method accounting).
         """
+        # Counted before the first await, i.e. in the same loop step as repository.get(): a
+        # version retired meanwhile still waits for this request (see drain()).
+        self._active += 1
+        try:
+            return await self._classify(texts, truncate, deadline)
+        finally:
+            self._active -= 1
+            if not self._active and self._inactive is not None:
+                self._inactive.set()
+
+    async def _classify(
+        self, texts: Sequence[str], truncate: bool, deadline: float | None
+    ) -> ClassifyResult:
         started = time.perf_counter()
         self._validate(texts)
+        max_chars = MAX_CHARS_PER_TOKEN * self.max_length
+        cut = [index for index, text in enumerate(texts) if len(text) > max_chars]
+        if cut:
+            if not truncate:
+                raise ValidationError(
+                    f"texts[{cut[0]}] is {len(texts[cut[0]])} characters long; model "
+                    f"{self.name!r} takes at most {self.max_length} tokens, and without "
+                    f"truncation at most {max_chars} characters (send truncate=true to cut it, "
+                    "or shorten the text)"
+                )
+            texts = [text[:max_chars] for text in texts]
         encoded = await self._encoder.run(texts)
         tokenized = time.perf_counter()
         limit = self.max_length
@@ -191,10 +261,12 @@ class ModelHandle:
         result = await self.batcher.submit(payloads, lengths, deadline=deadline)
         full = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
         num_tokens = np.asarray(lengths, dtype=np.int64)
+        truncated = full > num_tokens
+        truncated[cut] = True  # cut by characters: the model did not see all of the text
         return ClassifyResult(
             probabilities=result.outputs,
             num_tokens=num_tokens,
-            truncated=full > num_tokens,
+            truncated=truncated,
             timings=Timings(
                 queue_seconds=result.queue_seconds,
                 tokenize_seconds=tokenized - started,

@@ -1,8 +1,15 @@
 """`textserve models`: list the model repository — names, versions, precision, accuracy, size.
 
-Reads manifests only (stdlib + service.manifest): no torch, no onnxruntime, no server needed.
-A directory with an integer name but no valid manifest is listed as broken; temporary
-directories of exports in progress (.tmp-*) are not versions and are not listed.
+Listing (the default, or `textserve models list`) reads manifests only (stdlib +
+service.manifest): no torch, no onnxruntime, no server needed. A directory with an integer name
+but no valid manifest is listed as broken; temporary directories of exports in progress (.tmp-*)
+are not versions and are not listed.
+
+`textserve models load NAME [VERSION]`, `unload NAME [VERSION]` and `reload` ask a running
+server (--server, started with --enable-admin) through its Admin service: load serves VERSION
+beside what the version policy picks (no VERSION: the policy's choice again), unload retires
+VERSION (a rollback when it was the newest; no VERSION: the whole model), reload scans the
+repository now. Exit status 1 when a version was refused.
 """
 
 from __future__ import annotations
@@ -113,7 +120,25 @@ def _human(size: int) -> str:
     return f"{value:.1f} GB"
 
 
+ACTIONS = ("list", "load", "unload", "reload")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action", nargs="?", default="list", choices=ACTIONS, help="default: list the repository"
+    )
+    parser.add_argument("name", nargs="?", help="load/unload: the model")
+    parser.add_argument(
+        "version", nargs="?", type=int, help="load/unload: the version (default: see above)"
+    )
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("TEXTSERVE_SERVER", "127.0.0.1:50051"),
+        help="load/unload/reload: the server's address HOST:PORT [TEXTSERVE_SERVER]",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="load/unload/reload: seconds to wait"
+    )
     parser.add_argument(
         "--repository",
         type=Path,
@@ -129,6 +154,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from service.cli import CliError
 
+    if args.action != "list":
+        from service.models_admin import run_admin
+
+        return run_admin(args)
+    if args.name is not None:
+        raise CliError(
+            f"unexpected argument {args.name!r}: did you mean `models load {args.name}`?"
+        )
     repository: Path = args.repository
     if not repository.is_dir():
         raise CliError(f"model repository {repository} does not exist (export a run first)")

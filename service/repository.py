@@ -1,10 +1,15 @@
-"""The model repository: scan models/<name>/<version>/, verify manifests, load and serve versions.
+"""The model repository: scan models/<name>/<version>/, apply version policies, hot-reload.
 
-Each model keeps a record per version found on disk with its state. `load_all` loads, per
-model, the versions the version policy picks (default: the newest that loads; a refused newer
-version is reported FAILED and the next one is tried). Handles are looked up per request with
-`get`. Built so that hot reload can be added beside it: `load_version` / `unload_version` work
-on single versions while others keep serving, and `get` always picks the newest READY one.
+Each model keeps a record per version found on disk with its state. `reconcile` makes the
+served versions match the policy (service/version_policy.py): wanted versions are loaded,
+checked and warmed beside those serving (service/loader.py), and only once READY does `get`
+hand them out (it always picks the newest READY version, in one event-loop step, so the switch
+is atomic); versions no longer wanted are retired: no new requests, the ones that already
+picked them finish there, then the session is released (ModelHandle.drain). A refused version
+is FAILED with its reason (logged, counted, shown by GetModel) and the policy falls back to the
+next one, so the version that was serving keeps serving. `load_all` is the first reconcile (at
+startup); a RepositoryWatcher repeats it every `poll_interval` seconds; the admin service calls
+`load_model` / `unload_model` / `reconcile`.
 """
 
 from __future__ import annotations
@@ -12,19 +17,24 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from service.config import ServerConfig
-from service.errors import ModelNotFoundError, NotReadyError
-from service.manifest import MODEL_FILE, TOKENIZER_FILE, Manifest, ManifestError
+from service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
+from service.loader import LoadError, fingerprint, load_version_dir
+from service.manifest import MANIFEST_FILE
+from service.version_policy import LATEST, PolicyError, VersionPolicy, read_policy_file
+from service.watcher import RepositoryWatcher
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
     from service.model import ModelHandle
+
+__all__ = ["LoadError", "ModelRecord", "ModelRepository", "ReloadEvent", "State", "scan"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +43,7 @@ class State(enum.Enum):
     AVAILABLE = "available"  # on disk, not loaded (the policy does not serve it)
     LOADING = "loading"
     READY = "ready"
-    UNLOADING = "unloading"
+    UNLOADING = "unloading"  # retired: finishing the requests that picked it, then released
     FAILED = "failed"
 
 
@@ -44,12 +54,19 @@ class VersionRecord:
     state: State = State.AVAILABLE
     reason: str = ""  # why FAILED
     handle: ModelHandle | None = None
+    on_disk: bool = True
+    failed_files: tuple[tuple[str, int, int], ...] = ()  # fingerprint when it FAILED
 
 
 @dataclass
 class ModelRecord:
     name: str
     versions: dict[int, VersionRecord] = field(default_factory=dict)
+    policy: VersionPolicy = LATEST  # in force: --version-policy NAME=, serving.json, default
+    pinned: set[int] = field(default_factory=set)  # LoadModel(version): served beside the policy
+    excluded: set[int] = field(default_factory=set)  # UnloadModel(version): the policy skips them
+    disabled: bool = False  # UnloadModel(name): only pinned versions serve until LoadModel(name)
+    policy_problem: str = ""  # the last serving.json error, logged once
 
     def ready(self) -> list[VersionRecord]:
         """READY versions, newest first."""
@@ -66,22 +83,25 @@ class ModelRecord:
         ]
         return f"{self.name} [versions {', '.join(parts) or 'none'}]"
 
+    def wanted(self) -> list[int]:
+        """The versions to serve now, newest first: the policy's choice among the versions on
+        disk that were not refused or unloaded by hand, plus the pinned ones."""
+        candidates = [
+            v.version
+            for v in self.versions.values()
+            if v.on_disk and v.state is not State.FAILED and v.version not in self.excluded
+        ]
+        chosen = set() if self.disabled else set(self.policy.select(candidates))
+        chosen |= self.pinned & set(candidates)
+        return sorted(chosen, reverse=True)
 
-# A version policy: given the versions on disk, the ones to try, in order of preference.
-# `load_all` serves the first of them that loads.
-VersionPolicy = Callable[[Sequence[int]], list[int]]
 
-
-def newest_first(versions: Sequence[int]) -> list[int]:
-    return sorted(versions, reverse=True)
-
-
-class LoadError(Exception):
-    """A version that cannot be served; `reason` is a textserve_model_load_failures_total label."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+@dataclass(frozen=True)
+class ReloadEvent:
+    model: str
+    version: int
+    action: str  # loaded | unloaded | refused
+    reason: str = ""  # refused: why
 
 
 def scan(root: Path) -> dict[str, dict[int, Path]]:
@@ -95,7 +115,7 @@ def scan(root: Path) -> dict[str, dict[int, Path]]:
         for version_dir in model_dir.iterdir():
             if not (version_dir.is_dir() and version_dir.name.isdigit()):
                 continue
-            if int(version_dir.name) < 1 or not (version_dir / "manifest.json").is_file():
+            if int(version_dir.name) < 1 or not (version_dir / MANIFEST_FILE).is_file():
                 continue
             versions[int(version_dir.name)] = version_dir
         if versions:
@@ -104,29 +124,28 @@ def scan(root: Path) -> dict[str, dict[int, Path]]:
 
 
 class ModelRepository:
-    """Every model of one repository directory and the handles serving them."""
+    """Every model of one repository directory and the handles serving them. Use on one loop."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        metrics: Metrics | None = None,
-        *,
-        policy: VersionPolicy = newest_first,
-    ) -> None:
+    def __init__(self, config: ServerConfig, metrics: Metrics | None = None) -> None:
         self.config = config
         self.root = Path(config.repository)
         self.metrics = metrics
-        self.policy = policy
         self.models: dict[str, ModelRecord] = {}
         self.default_model: str | None = None
         # One tokenizer thread for every model: tokenizers parallelises inside encode_batch.
         self._tokenize_executor: Executor = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+        # One change at a time (watcher, admin RPCs): loads run one after another, which also
+        # keeps a load's CPU use beside serving to one thread.
+        self._lock = asyncio.Lock()
+        self._drains: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._started = False
+        self._watcher: RepositoryWatcher | None = None
 
-    # -- loading -------------------------------------------------------------------------------
+    # -- startup -------------------------------------------------------------------------------
 
     async def load_all(self) -> None:
-        """Scan and load what the policy picks; raise LoadError if nothing (or the named
-        default model) could be served."""
+        """Startup: scan, load what the policies pick and start watching; raise LoadError if
+        nothing (or the named default model) could be served."""
         if not self.root.is_dir():
             raise LoadError(f"model repository {self.root} is not a directory", "other")
         found = scan(self.root)
@@ -141,13 +160,7 @@ class ModelRepository:
             raise LoadError(
                 f"--model {wanted!r} is not in {self.root}; it has {', '.join(found)}", "other"
             )
-        for name, versions in found.items():
-            record = self.models.setdefault(name, ModelRecord(name))
-            for version, path in versions.items():
-                record.versions.setdefault(version, VersionRecord(version, path))
-            for version in self.policy(list(versions)):
-                if await self.load_version(name, version):
-                    break
+        await self.reconcile()
         if wanted is not None:
             if not self.models[wanted].ready():
                 raise LoadError(
@@ -167,85 +180,248 @@ class ModelRepository:
                 ),
                 "other",
             )
+        self._started = True
+        if self.config.poll_interval > 0:
+            self._watcher = RepositoryWatcher(self.reconcile, self.config.poll_interval)
+            self._watcher.start()
 
-    async def load_version(self, name: str, version: int) -> bool:
+    # -- reconciling ---------------------------------------------------------------------------
+
+    async def reconcile(self, names: Iterable[str] | None = None) -> list[ReloadEvent]:
+        """Scan the repository and make the served versions of `names` (None: every model)
+        match their policies. Returns what changed. Retired versions drain in the background."""
+        async with self._lock:
+            return await self._reconcile(None if names is None else set(names))
+
+    async def _reconcile(self, names: set[str] | None) -> list[ReloadEvent]:
+        found = await asyncio.get_running_loop().run_in_executor(None, scan, self.root)
+        self._update_records(found)
+        events: list[ReloadEvent] = []
+        for record in list(self.models.values()):
+            if names is not None and record.name not in names:
+                continue
+            self._refresh_policy(record)
+            while True:  # a refused version leaves the candidates, so the policy picks again
+                missing = [
+                    v for v in record.wanted() if record.versions[v].state is State.AVAILABLE
+                ]
+                if not missing:
+                    break
+                ok = await self._load(record, record.versions[missing[0]])
+                events.append(
+                    ReloadEvent(
+                        record.name,
+                        missing[0],
+                        "loaded" if ok else "refused",
+                        record.versions[missing[0]].reason,
+                    )
+                )
+            keep = set(record.wanted())
+            for entry in record.ready():
+                if entry.version not in keep:
+                    self._retire(record, entry)
+                    events.append(ReloadEvent(record.name, entry.version, "unloaded"))
+            self._forget_removed(record)
+        return events
+
+    def _update_records(self, found: dict[str, dict[int, Path]]) -> None:
+        for name, versions in found.items():
+            record = self.models.setdefault(name, ModelRecord(name))
+            for version, path in versions.items():
+                entry = record.versions.setdefault(version, VersionRecord(version, path))
+                entry.on_disk = True
+                if entry.state is State.FAILED and fingerprint(path) != entry.failed_files:
+                    logger.info(
+                        "model %s version %d changed on disk: trying it again", name, version
+                    )
+                    entry.state, entry.reason = State.AVAILABLE, ""
+        for name, record in self.models.items():
+            on_disk = found.get(name, {})
+            for entry in record.versions.values():
+                entry.on_disk = entry.version in on_disk
+
+    def _refresh_policy(self, record: ModelRecord) -> None:
+        try:
+            from_file = read_policy_file(self.root / record.name)
+        except PolicyError as exc:
+            if not self._started:
+                raise LoadError(str(exc), "other") from None
+            if str(exc) != record.policy_problem:
+                logger.error("%s; keeping version policy %s", exc, record.policy)
+            record.policy_problem = str(exc)
+            return
+        record.policy_problem = ""
+        policy = self.config.version_policy.for_model(record.name, from_file)
+        if policy != record.policy:
+            if self._started:
+                logger.info("model %s: version policy %s -> %s", record.name, record.policy, policy)
+            record.policy = policy
+
+    def _forget_removed(self, record: ModelRecord) -> None:
+        """Drop versions that left the disk and hold nothing; drop a model with none left."""
+        for version, entry in list(record.versions.items()):
+            if not entry.on_disk and entry.handle is None and entry.state is not State.LOADING:
+                del record.versions[version]
+        if not record.versions and self._started and self.models.get(record.name) is record:
+            logger.info("model %s is gone from %s", record.name, self.root)
+            del self.models[record.name]
+            if self.metrics is not None:
+                self.metrics.clear_model_info(record.name)
+
+    async def _load(self, record: ModelRecord, entry: VersionRecord) -> bool:
         """Load, verify and warm one version, then start serving it. False (state FAILED,
         reason logged and counted) if it cannot be served."""
-        record = self.models[name].versions[version]
-        record.state = State.LOADING
+        name, version = record.name, entry.version
+        entry.state = State.LOADING
         loop = asyncio.get_running_loop()
         try:
-            handle = await loop.run_in_executor(None, self._load_blocking, record.path)
+            handle = await loop.run_in_executor(None, self._load_blocking, entry.path)
         except LoadError as exc:
-            record.state, record.reason = State.FAILED, str(exc)
-            logger.error("model %s version %d refused: %s", name, version, exc)
-            if self.metrics is not None:
-                self.metrics.count_load_failure(name, exc.reason)
+            self._refuse(record, entry, str(exc), exc.reason)
             return False
+        except BaseException:
+            entry.state = State.AVAILABLE  # cancelled (shutdown) or a configuration error
+            raise
         handle.start()
-        record.handle, record.state, record.reason = handle, State.READY, ""
+        entry.handle, entry.state, entry.reason = handle, State.READY, ""
         logger.info(
             "model %s version %d ready on %s (labels %s, max_length %d)",
             name, version, handle.provider, ", ".join(handle.labels), handle.max_length,
         )  # fmt: skip
         if self.metrics is not None:
             self.metrics.init_model(name)
-            self.metrics.set_model_info(name, version, handle.provider)
+        self._update_info(record)
         return True
 
     def _load_blocking(self, path: Path) -> ModelHandle:
-        # Imported here: onnxruntime and tokenizers load only when a model does.
-        from tokenizers import Tokenizer
-
-        from service.model import ModelHandle
-        from service.runtime import DeviceUnavailableError, Session
+        from service.runtime import DeviceUnavailableError
 
         try:
-            manifest = Manifest.read(path)
-        except ManifestError as exc:
-            raise LoadError(str(exc), "invalid_manifest") from None
-        if manifest.name != path.parent.name or manifest.version != int(path.name):
-            raise LoadError(
-                f"{path}/manifest.json says {manifest.name} version {manifest.version}",
-                "invalid_manifest",
+            return load_version_dir(
+                path, self.config, tokenize_executor=self._tokenize_executor, metrics=self.metrics
             )
-        try:
-            manifest.verify_files(path)
-        except ManifestError as exc:
-            raise LoadError(f"{path}: {exc}", "checksum_mismatch") from None
-        try:
-            tokenizer = Tokenizer.from_file(str(path / TOKENIZER_FILE))
-            session = Session(path / MODEL_FILE, self.config.runtime)
-        except DeviceUnavailableError:
-            raise  # a configuration error, not this version's: startup fails with its message
-        except Exception as exc:
-            raise LoadError(f"{path}: {exc}", "session_error") from None
-        handle = ModelHandle(
-            manifest,
-            path,
-            session,
-            tokenizer,
-            batcher_config=self.config.batcher,
-            max_texts_per_request=self.config.max_texts_per_request,
-            tokenize_executor=self._tokenize_executor,
-            inference_workers=self.config.runtime.inference_threads,
-            metrics=self.metrics,
-        )
-        if self.config.runtime.warmup:
-            try:
-                handle.warmup()
-            except Exception as exc:
-                raise LoadError(f"{path}: warm-up failed: {exc}", "warmup_error") from None
-        return handle
+        except DeviceUnavailableError as exc:
+            if not self._started:
+                raise  # at startup: a configuration error with its own message
+            raise LoadError(str(exc), "session_error") from None
 
-    async def unload_version(self, name: str, version: int, grace: float | None = None) -> None:
-        """Stop serving one version: new requests go elsewhere, queued ones finish first."""
-        record = self.models[name].versions[version]
-        handle = record.handle
-        record.state = State.UNLOADING
-        if handle is not None:
-            await handle.close(grace)
-        record.handle, record.state = None, State.AVAILABLE
+    def _refuse(self, record: ModelRecord, entry: VersionRecord, reason: str, label: str) -> None:
+        entry.state, entry.reason = State.FAILED, reason
+        entry.failed_files = fingerprint(entry.path)
+        serving = record.ready()
+        logger.error(
+            "model %s version %d refused (%s): %s%s",
+            record.name, entry.version, label, reason,
+            f"; version {serving[0].version} keeps serving" if serving else "",
+        )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.count_load_failure(record.name, label)
+
+    def _retire(self, record: ModelRecord, entry: VersionRecord) -> None:
+        """Stop handing `entry` out (same loop step), then drain it in the background."""
+        entry.state = State.UNLOADING
+        self._update_info(record)
+        key = (record.name, entry.version)
+        logger.info("model %s version %d retired; draining", *key)
+        self._drains[key] = asyncio.get_running_loop().create_task(
+            self._drain(record, entry), name=f"drain-{record.name}:{entry.version}"
+        )
+
+    async def _drain(self, record: ModelRecord, entry: VersionRecord) -> None:
+        try:
+            if entry.handle is not None:
+                await entry.handle.drain(self.config.grace_period)
+        finally:
+            entry.handle = None
+            if entry.state is State.UNLOADING:
+                entry.state = State.AVAILABLE
+            self._drains.pop((record.name, entry.version), None)
+            logger.info("model %s version %d unloaded", record.name, entry.version)
+            self._forget_removed(record)
+
+    def _update_info(self, record: ModelRecord) -> None:
+        """textserve_model_info follows the version `get` hands out: the newest READY."""
+        if self.metrics is None:
+            return
+        ready = record.ready()
+        if ready and ready[0].handle is not None:
+            self.metrics.set_model_info(record.name, ready[0].version, ready[0].handle.provider)
+        else:
+            self.metrics.clear_model_info(record.name)
+
+    # -- explicit control (the admin service) --------------------------------------------------
+
+    async def load_model(
+        self, name: str, version: int | None = None
+    ) -> tuple[ModelRecord, list[ReloadEvent]]:
+        """Serve `version` of `name` (kept beside the policy's choice until unloaded), or with
+        None serve what the policy picks again, retrying refused versions. LoadFailedError if
+        nothing asked for could be served."""
+        async with self._lock:
+            found = await asyncio.get_running_loop().run_in_executor(None, scan, self.root)
+            self._update_records(found)
+            record = self._record(name)
+            if version:
+                entry = self._entry(record, version)
+                record.excluded.discard(version)
+                record.pinned.add(version)
+                if entry.state is State.FAILED:
+                    entry.state = State.AVAILABLE  # asked for by hand: try it again
+            else:
+                record.disabled = False
+                record.excluded.clear()
+                for entry in record.versions.values():
+                    if entry.state is State.FAILED:
+                        entry.state = State.AVAILABLE
+            events = await self._reconcile({name})
+            if version and record.versions[version].state is not State.READY:
+                record.pinned.discard(version)
+                raise LoadFailedError(
+                    f"model {name!r} version {version} was refused: "
+                    f"{record.versions[version].reason}"
+                )
+            if not version and not record.ready():
+                raise LoadFailedError(
+                    f"model {name!r} has no version that loads; {record.describe()}"
+                )
+            return record, events
+
+    async def unload_model(
+        self, name: str, version: int | None = None
+    ) -> tuple[ModelRecord, list[ReloadEvent]]:
+        """Stop serving `version` of `name` (the policy then picks among the others), or with
+        None every version of it until load_model(name). Returns once drained."""
+        async with self._lock:
+            record = self._record(name)
+            if version:
+                self._entry(record, version)
+                record.excluded.add(version)
+                record.pinned.discard(version)
+            else:
+                record.disabled = True
+                record.pinned.clear()
+            events = await self._reconcile({name})
+            drains = [
+                task
+                for (model, v), task in self._drains.items()
+                if model == name and (not version or v == version)
+            ]
+        await asyncio.gather(*drains)
+        return record, events
+
+    def _record(self, name: str) -> ModelRecord:
+        record = self.models.get(name)
+        if record is None:
+            raise ModelNotFoundError(f"model {name!r} not found; models: {self._listing()}")
+        return record
+
+    def _entry(self, record: ModelRecord, version: int) -> VersionRecord:
+        entry = record.versions.get(version)
+        if entry is None or not entry.on_disk:
+            raise ModelNotFoundError(
+                f"model {record.name!r} has no version {version} on disk; {record.describe()}"
+            )
+        return entry
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -285,15 +461,13 @@ class ModelRepository:
 
     def versions(self, name: str) -> list[int]:
         """The READY versions of `name`, ascending; ModelNotFoundError if there is no such model."""
-        record = self.models.get(name)
-        if record is None:
-            raise ModelNotFoundError(f"model {name!r} not found; models: {self._listing()}")
-        return sorted(v.version for v in record.ready())
+        return sorted(v.version for v in self._record(name).ready())
 
     def _listing(self) -> str:
         return ", ".join(m.describe() for m in self.models.values()) or "none"
 
     def handles(self) -> list[ModelHandle]:
+        """Every handle still holding a session: READY and draining ones."""
         return [
             v.handle
             for m in self.models.values()
@@ -304,12 +478,22 @@ class ModelRepository:
     # -- shutdown ------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Drain phase: every batcher runs what is queued without waiting for batches to fill."""
+        """Drain phase: no more reloads; every batcher runs what is queued without waiting for
+        batches to fill."""
+        if self._watcher is not None:
+            self._watcher.cancel()
         for handle in self.handles():
             handle.flush()
 
     async def close(self, timeout: float | None = 0.0) -> None:
-        await asyncio.gather(*(h.close(timeout) for h in self.handles()))
+        if self._watcher is not None:
+            await self._watcher.stop()
+        handles = self.handles()  # draining ones too: their drain is cut short below
+        drains = list(self._drains.values())
+        for task in drains:
+            task.cancel()
+        await asyncio.gather(*drains, return_exceptions=True)
+        await asyncio.gather(*(h.close(timeout) for h in handles))
         for record in self.models.values():
             for entry in record.versions.values():
                 if entry.handle is not None:

@@ -32,6 +32,10 @@ class RuntimeLoadError(RuntimeError):
     """A session could not be created (model file, graph contract)."""
 
 
+class ContractError(RuntimeLoadError):
+    """model.onnx loads but breaks the graph contract (input/output names, types, ranks)."""
+
+
 class DeviceUnavailableError(RuntimeLoadError):
     """The device asked for is not there: a startup error for every model, not just one."""
 
@@ -99,6 +103,33 @@ def check_granted(device: str, requested: Sequence[str], granted: Sequence[str])
     return granted[0] if granted else CPU
 
 
+def check_contract(model_path: Path, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    """ContractError unless the graph takes input_ids and attention_mask as int64 (B, T) and
+    gives logits as float32/float16 (B, num_labels); `inputs`/`outputs` are onnxruntime NodeArgs."""
+    names = [i.name for i in inputs]
+    out_names = [o.name for o in outputs]
+    if sorted(names) != sorted(INPUT_NAMES) or OUTPUT_NAME not in out_names:
+        raise ContractError(
+            f"{model_path} has inputs {names} and outputs {out_names}; the contract is inputs "
+            f"{list(INPUT_NAMES)} and output {OUTPUT_NAME!r}"
+        )
+    wrong = [
+        f"{arg.name} is {arg.type} of rank {len(arg.shape)}"
+        for arg in inputs
+        if arg.type != "tensor(int64)" or len(arg.shape) != 2
+    ] + [
+        f"{arg.name} is {arg.type} of rank {len(arg.shape)}"
+        for arg in outputs
+        if arg.name == OUTPUT_NAME
+        and (arg.type not in ("tensor(float)", "tensor(float16)") or len(arg.shape) != 2)
+    ]
+    if wrong:
+        raise ContractError(
+            f"{model_path}: {'; '.join(wrong)}; the contract is int64 (batch, sequence) inputs "
+            "and a float32 (batch, labels) output"
+        )
+
+
 class Session:
     """One onnxruntime InferenceSession following the artifact contract:
     input_ids, attention_mask int64 (B, T) -> logits float32 (B, num_labels)."""
@@ -121,14 +152,13 @@ class Session:
             raise RuntimeLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
         self.provider = check_granted(config.device, requested, self._session.get_providers())
         self.providers = list(self._session.get_providers())
-        inputs = [i.name for i in self._session.get_inputs()]
-        outputs = [o.name for o in self._session.get_outputs()]
-        if sorted(inputs) != sorted(INPUT_NAMES) or OUTPUT_NAME not in outputs:
-            raise RuntimeLoadError(
-                f"{model_path} has inputs {inputs} and outputs {outputs}; the contract is inputs "
-                f"{list(INPUT_NAMES)} and output {OUTPUT_NAME!r}"
-            )
+        check_contract(model_path, self._session.get_inputs(), self._session.get_outputs())
         self._outputs = [OUTPUT_NAME]
+
+    def close(self) -> None:
+        """Release the onnxruntime session (weights, memory arena) now rather than whenever the
+        garbage collector reaches the objects that refer to it; run() fails afterwards."""
+        self._session = None
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """Logits as float32 (B, num_labels) (an fp16 model's output is widened)."""

@@ -9,8 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from service.cli import CliError
+from service.version_policy import PolicyError, PolicySet, parse_policies
+
+if TYPE_CHECKING:
+    from service.config import ServerConfig
 
 
 def _env(flag: str, default: str | None) -> str | None:
@@ -26,6 +31,13 @@ def _port_or_off(value: str) -> int | None:
         raise argparse.ArgumentTypeError(
             f"expected a port number or 'off', got {value!r}"
         ) from None
+
+
+def _policies(value: str) -> PolicySet:
+    try:
+        return parse_policies(value)
+    except PolicyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,14 +65,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          type=float)  # fmt: skip
     flag("max-queue-size", "4096", "texts waiting per model before requests are refused", type=int)
     flag("max-texts-per-request", "1024", "texts one request may carry", type=int)
-    flag("intra-op-threads", "0", "onnxruntime threads per operator (0: the usable CPUs)", type=int)
+    flag("max-message-bytes", str(4 * 1024 * 1024), "largest request message in bytes; larger "
+         "ones get RESOURCE_EXHAUSTED", type=int)  # fmt: skip
+    flag("tls-cert", None, "PEM certificate (chain) of the server: serve TLS (with --tls-key)")
+    flag("tls-key", None, "PEM private key of --tls-cert")
+    flag("tls-client-ca", None, "PEM CA bundle: mutual TLS, clients need a certificate it signed")
+    flag("auth-token-file", None, "require 'authorization: Bearer <token>': tokens, one per line "
+         "(health and reflection stay open)")  # fmt: skip
+    flag("intra-op-threads", "0", "onnxruntime threads per operator (0: usable CPUs - 1)", type=int)
     flag("inter-op-threads", "1", "onnxruntime operators run in parallel", type=int)
     flag("inference-threads", "1", "batches run at once per model (1 on CPU)", type=int)
     flag("grace-period", "30", "seconds to finish in-flight work on SIGTERM/SIGINT", type=float)
+    flag("poll-interval", "5", "seconds between scans of the repository for new or removed "
+         "versions; 0: no watching", type=float)  # fmt: skip
+    flag("version-policy", "latest:1", "versions to serve: latest[:N], all, specific:V[,V...]; "
+         "NAME=POLICY for one model (space-separated)", type=_policies)  # fmt: skip
+    parser.add_argument(
+        "--enable-admin",
+        action="store_true",
+        default=_env("enable-admin", "") in ("1", "true", "yes", "on"),
+        help="serve textserve.v1.Admin: LoadModel, UnloadModel, ReloadRepository "
+        "(`textserve models load|unload|reload`) [TEXTSERVE_ENABLE_ADMIN=1]",
+    )
 
 
-def build_config(args: argparse.Namespace) -> object:
-    from service.config import BatcherConfig, ConfigError, RuntimeConfig, ServerConfig
+def build_config(args: argparse.Namespace) -> ServerConfig:
+    from service.config import (
+        BatcherConfig,
+        ConfigError,
+        RuntimeConfig,
+        SecurityConfig,
+        ServerConfig,
+    )
 
     try:
         return ServerConfig(
@@ -71,6 +107,16 @@ def build_config(args: argparse.Namespace) -> object:
             metrics_host=args.metrics_host,
             max_texts_per_request=args.max_texts_per_request,
             grace_period=args.grace_period,
+            max_message_bytes=args.max_message_bytes,
+            security=SecurityConfig(
+                tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+                tls_key=Path(args.tls_key) if args.tls_key else None,
+                tls_client_ca=Path(args.tls_client_ca) if args.tls_client_ca else None,
+                auth_token_file=Path(args.auth_token_file) if args.auth_token_file else None,
+            ),
+            poll_interval=args.poll_interval,
+            version_policy=args.version_policy,
+            enable_admin=args.enable_admin,
             runtime=RuntimeConfig(
                 device=args.device,
                 intra_op_threads=args.intra_op_threads,
@@ -92,6 +138,7 @@ def build_config(args: argparse.Namespace) -> object:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from service.config import ConfigError
     from service.repository import LoadError
     from service.runtime import DeviceUnavailableError
     from service.server import Server, serve
@@ -112,6 +159,6 @@ def run(args: argparse.Namespace) -> int:
         )
 
     try:
-        return asyncio.run(serve(config, on_ready=ready))  # type: ignore[arg-type]
-    except (LoadError, DeviceUnavailableError, OSError) as exc:
+        return asyncio.run(serve(config, on_ready=ready))
+    except (LoadError, DeviceUnavailableError, OSError, ConfigError) as exc:
         raise CliError(str(exc)) from None

@@ -22,13 +22,19 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from service.config import ServerConfig
+from service.decode_guard import DecodeGuard
 from service.metrics import Metrics, MetricsServer, start_metrics_server
 from service.repository import ModelRepository
+from service.security import add_port, auth_interceptors
 
 logger = logging.getLogger(__name__)
 
 # Modules exposing `register(server, ctx) -> list[str]`: the front ends served on the port.
-SERVICES: list[str] = ["service.servicers.classifier", "service.servicers.inference"]
+SERVICES: list[str] = [
+    "service.servicers.classifier",
+    "service.servicers.inference",
+    "service.servicers.admin",  # adds nothing unless --enable-admin
+]
 
 Register = Callable[[grpc.aio.Server, "ServingContext"], Sequence[str]]
 
@@ -139,12 +145,14 @@ def create_server(
     repository = ModelRepository(config, metrics)
     ctx = ServingContext(config=config, repository=repository, metrics=metrics)
     grpc_server = grpc.aio.server(
+        # authentication first: a refused call is neither parsed nor served
+        interceptors=[*auth_interceptors(config.security), DecodeGuard()],
         options=[
-            # Our requests carry up to 1024 texts: allow 64 MiB messages rather than 4 MiB.
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            # A larger request gets RESOURCE_EXHAUSTED from grpc before it is read whole.
+            ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
-        ]
+        ],
     )
     registers: list[Register] = [importlib.import_module(m).register for m in SERVICES]
     names: list[str] = []
@@ -155,7 +163,7 @@ def create_server(
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
     reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], grpc_server)
     try:
-        port = grpc_server.add_insecure_port(config.listen)
+        port = add_port(grpc_server, config.listen, config.security)
     except RuntimeError as exc:
         raise OSError(f"cannot listen on {config.listen}: {exc}") from None
     if port == 0:
@@ -175,12 +183,14 @@ async def serve(config: ServerConfig, on_ready: Callable[[Server], None] | None 
     def on_signal(signum: int) -> None:
         if stop.is_set():
             logger.warning("second %s: stopping without grace", signal.Signals(signum).name)
-            loop.call_soon(force.set)
+            forced_by.append(signum)
+            force.set()
             return
         logger.info("%s received: draining", signal.Signals(signum).name)
         stop.set()
 
     force = asyncio.Event()
+    forced_by: list[int] = []
     for sig in signals:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
@@ -203,7 +213,9 @@ async def serve(config: ServerConfig, on_ready: Callable[[Server], None] | None 
             await server.grpc_server.stop(0)
             await drain
         forced.cancel()
-        return 0
+        # Cut short, in-flight requests may have been cancelled: say so with the status a shell
+        # gives a process killed by that signal.
+        return 128 + forced_by[0] if forced_by else 0
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)

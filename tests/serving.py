@@ -43,12 +43,17 @@ def wait_for_health(
     service: str = "",
     timeout: float = 60.0,
     alive: Callable[[], bool] = lambda: True,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> None:
     """Poll grpc.health.v1 Check until `service` is SERVING; raise after `timeout` seconds or
-    as soon as `alive()` turns false (the server died)."""
+    as soon as `alive()` turns false (the server died). `credentials`: a TLS server's."""
     deadline = time.monotonic() + timeout
     last = "no answer"
-    with grpc.insecure_channel(address) as channel:
+    with (
+        grpc.insecure_channel(address)
+        if credentials is None
+        else grpc.secure_channel(address, credentials)
+    ) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if not alive():
@@ -72,12 +77,15 @@ class RunningServer:
     port: int
     loop: asyncio.AbstractEventLoop
     metrics: Metrics
+    credentials: grpc.ChannelCredentials | None = None  # TLS servers: what channel() uses
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def channel(self) -> grpc.Channel:
+        if self.credentials is not None:
+            return grpc.secure_channel(self.address, self.credentials)
         return grpc.insecure_channel(self.address)
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -119,11 +127,13 @@ def running_server(
     grace: float = 5.0,
     timeout: float = 60.0,
     wait: bool = True,
+    credentials: grpc.ChannelCredentials | None = None,
     **overrides: Any,
 ) -> Iterator[RunningServer]:
     """A real server from create_server on 127.0.0.1:0, run on an event loop in a background
     thread; SERVING when the block starts (only bound, with wait=False), stopped (drained for
-    `grace` s) when it ends. `overrides` are ServerConfig fields (batcher=BatcherConfig(...))."""
+    `grace` s) when it ends. `overrides` are ServerConfig fields (batcher=BatcherConfig(...));
+    `credentials`: the channel credentials a TLS server (security=SecurityConfig(...)) needs."""
     config = server_config(repository, **overrides)
     metrics = metrics or Metrics()
     created = threading.Event()
@@ -155,10 +165,15 @@ def running_server(
     created.wait(timeout)
     if "server" not in state:
         raise RuntimeError(f"create_server failed: {state.get('error')!r}")
-    running = RunningServer(state["server"], state["port"], state["loop"], metrics)
+    running = RunningServer(state["server"], state["port"], state["loop"], metrics, credentials)
     try:
         if wait:
-            wait_for_health(running.address, timeout=timeout, alive=lambda: "error" not in state)
+            wait_for_health(
+                running.address,
+                timeout=timeout,
+                alive=lambda: "error" not in state,
+                credentials=credentials,
+            )
         yield running
     finally:
         if thread.is_alive():

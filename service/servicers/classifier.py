@@ -99,15 +99,16 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
         self._metrics = metrics
 
     @contextlib.contextmanager
-    def _observed(self, method: str) -> Iterator[dict[str, str]]:
+    def _observed(self, method: str, deadline: float | None) -> Iterator[dict[str, str]]:
         """Count one request in the metrics with its final status code."""
         started = time.perf_counter()
         seen = {"model": ""}
         code = "OK"
         try:
             yield seen
-        except asyncio.CancelledError:
-            code = "CANCELLED"
+        except asyncio.CancelledError:  # grpc cancels the handler when the caller's deadline
+            expired = deadline is not None and time.monotonic() >= deadline  # passes, too
+            code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
             raise
         except Exception as exc:
             code = code_name(exc)
@@ -121,7 +122,7 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
     async def _classify(
         self, request: pb.ClassifyRequest, deadline: float | None, method: str
     ) -> pb.ClassifyResponse:
-        with self._observed(method) as seen:
+        with self._observed(method, deadline) as seen:
             handle = self._repository.get(request.model or None, request.version or None)
             seen["model"] = handle.name
             truncate = request.truncate if request.HasField("truncate") else True
@@ -154,13 +155,17 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
             await responses.put(response)
 
         async def read() -> None:
-            async for request in request_iterator:
-                task = asyncio.create_task(answer(request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            while tasks:
-                await asyncio.gather(*tasks)
-            await responses.put(None)
+            try:
+                async for request in request_iterator:
+                    task = asyncio.create_task(answer(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                while tasks:
+                    await asyncio.gather(*tasks)
+            finally:
+                # A request stream that breaks (an undecodable message) ends the response
+                # stream too, instead of leaving it waiting; `await reader` re-raises.
+                responses.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:

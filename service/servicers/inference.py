@@ -24,6 +24,7 @@ from service.errors import (
     code_name,
     grpc_errors,
 )
+from service.servicers.classifier import deadline_of
 from service.servicers.oip_codec import INPUT_NAME, decode_request, encode_response
 from service.servicers.oip_describe import model_config, model_metadata, model_statistics
 
@@ -153,13 +154,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             model = handle.name
             decoded = decode_request(request)
             options = {} if decoded.truncate is None else {"truncate": decoded.truncate}
-            remaining = context.time_remaining()
             try:
                 result = await handle.classify(
-                    decoded.texts,
-                    deadline=None if remaining is None else time.monotonic() + remaining,
-                    method=METHOD,
-                    **options,
+                    decoded.texts, deadline=deadline_of(context), method=METHOD, **options
                 )
             except ValidationError as exc:
                 # The core speaks of texts[i]; OIP clients sent a tensor.

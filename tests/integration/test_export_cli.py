@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from export import transforms  # noqa: E402
-from model.checkpoint import load_run  # noqa: E402
-from service import cli  # noqa: E402
+from export import transforms
+from model.checkpoint import load_run
+from service import cli
 
 
 def test_export_then_list(
@@ -53,8 +53,8 @@ def test_a_failed_check_exits_1_naming_check_and_figure(
 
     monkeypatch.setattr(transforms, "quantize_int8", untrained)
     repo = tmp_path / "models"
-    code = cli.main(["export", str(tiny_run), "--repository", str(repo), "--name", "m",
-                     "--quantize", "int8", "--max-accuracy-drop", "0.5", "--threads", "1"])  # fmt: skip
+    argv = ["--name", "m", "--quantize", "int8", "--max-accuracy-drop", "0.5", "--threads", "1"]
+    code = cli.main(["export", str(tiny_run), "--repository", str(repo), *argv])
     err = capsys.readouterr().err
     assert code == 1
     assert "int8 accuracy check failed: test accuracy drops" in err

@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from export import onnx_export  # noqa: E402
-from service.manifest import Manifest  # noqa: E402
+from export import onnx_export
+from service.manifest import Manifest
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.batcher import Batcher, BatchStats, Coalescer
+from service.batcher import Batcher, BatchStats
+from service.coalesce import Coalescer
 from service.config import BatcherConfig
 from service.errors import DeadlineExceededError, InternalError, NotReadyError, OverloadedError
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 onnx_export = pytest.importorskip("export.onnx_export")
+from export import publish  # noqa: E402
 from export.errors import ExportError  # noqa: E402
+from service.manifest import Manifest  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -43,11 +45,11 @@ def test_missing_run_dir_is_named(tmp_path: Path) -> None:
 
 
 def test_next_version_counts_integer_directories_only(tmp_path: Path) -> None:
-    assert onnx_export.next_version(tmp_path) == 1
+    assert publish.next_version(tmp_path) == 1
     for name in ("1", "3", ".tmp-1-abc", "latest", "0007"):
         (tmp_path / name).mkdir()
     (tmp_path / "9").write_text("a file, not a version")
-    assert onnx_export.next_version(tmp_path) == 8
+    assert publish.next_version(tmp_path) == 8
 
 
 def test_stale_temp_dirs_of_dead_exports_are_removed(tmp_path: Path) -> None:
@@ -59,6 +61,32 @@ def test_stale_temp_dirs_of_dead_exports_are_removed(tmp_path: Path) -> None:
     for path in (stale, live, other):
         path.mkdir()
         (path / "model.onnx").write_bytes(b"partial")
-    onnx_export._remove_stale_temp_dirs(tmp_path)
+    publish.remove_stale_temp_dirs(tmp_path)
     assert not stale.exists()
     assert live.exists() and other.exists()
+
+
+def _manifest() -> Manifest:
+    return Manifest(
+        name="m", version=1, labels=["a", "b"], max_length=8, pad_token_id=0, opset=18,
+        precision="fp32", sha256={"model.onnx": "0", "tokenizer.json": "0"},
+        source_checkpoint_sha256="0", parity={}, test_accuracy=1.0, created_at="now",
+    )  # fmt: skip
+
+
+def test_publish_takes_the_next_number_when_another_export_wins_the_race(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_dir = tmp_path / "m"
+    tmp = publish.make_temp_dir(model_dir)
+    (tmp / "model.onnx").write_bytes(b"graph")
+    (model_dir / "1").mkdir()
+    (model_dir / "1" / "manifest.json").write_text("{}")  # another export published 1 first
+    stale_view = iter([1])  # our first look at the directory predates theirs
+    real = publish.next_version
+    monkeypatch.setattr(publish, "next_version", lambda d: next(stale_view, None) or real(d))
+    target = publish.publish(tmp, model_dir, _manifest())
+    assert target == model_dir / "2" and not tmp.exists()
+    assert Manifest.read(target).version == 2
+    assert (model_dir / "1" / "manifest.json").read_text() == "{}"  # theirs is untouched
+    assert target.stat().st_mode & 0o777 == 0o755

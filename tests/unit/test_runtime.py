@@ -103,6 +103,6 @@ def test_thread_defaults_do_not_oversubscribe() -> None:
     from service.config import usable_cpus
 
     config = RuntimeConfig()
-    assert config.resolved_intra_op_threads() == usable_cpus()
+    assert config.resolved_intra_op_threads() == max(1, usable_cpus() - 1)
     assert config.inter_op_threads == 1 and config.inference_threads == 1
     assert RuntimeConfig(intra_op_threads=3).resolved_intra_op_threads() == 3

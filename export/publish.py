@@ -1,0 +1,104 @@
+"""Atomic, versioned writes into the model repository: models/<name>/<N>/.
+
+A version is built in models/<name>/.tmp-<pid>-XXXX/ and renamed into place with rename(2)
+once complete, so readers see no version or a whole one; a name that is not all digits is never
+a version. A temp dir whose process is gone (killed before it could clean up) is removed by the
+next export of that model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from export.errors import ExportError
+from service.manifest import Manifest
+
+logger = logging.getLogger(__name__)
+
+TEMP_PREFIX = ".tmp-"
+
+
+def make_temp_dir(model_dir: Path) -> Path:
+    """models/<name>/.tmp-<pid>-XXXX/ (created with its parents); ExportError if unwritable."""
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_dirs(model_dir)
+        return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=model_dir))
+    except OSError as exc:
+        raise ExportError(
+            f"cannot write to the model repository {model_dir}: {exc.strerror or exc}"
+        ) from None
+
+
+def remove_stale_temp_dirs(model_dir: Path) -> None:
+    """Remove temp dirs of exports whose process is gone (killed before it could clean up)."""
+    for path in model_dir.glob(f"{TEMP_PREFIX}*"):
+        match = re.match(rf"^{re.escape(TEMP_PREFIX)}(\d+)-", path.name)
+        if match and path.is_dir() and not _pid_alive(int(match.group(1))):
+            logger.info("removing %s, left by an export that did not finish", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def next_version(model_dir: Path) -> int:
+    """1 + the highest integer-named directory (broken ones count: their number stays taken)."""
+    numbers = [int(p.name) for p in model_dir.iterdir() if p.name.isdigit() and p.is_dir()]
+    return max(numbers, default=0) + 1
+
+
+def publish(tmp: Path, model_dir: Path, manifest: Manifest) -> Path:
+    """Write the manifest last, flush everything to disk, rename tmp to the next free version."""
+    for _ in range(1000):
+        version = next_version(model_dir)
+        final = dataclasses.replace(manifest, version=version)
+        final.check()
+        final.write(tmp)
+        _fsync_tree(tmp)
+        # mkdtemp makes the directory 0700; a version must be readable like any other model
+        # file (the server may run as another user). Not umask-derived: reading the umask
+        # means setting it, which races with other threads creating files.
+        os.chmod(tmp, 0o755)
+        target = model_dir / str(version)
+        try:
+            # rename(2) is atomic: readers see no version or a complete one. It fails on an
+            # existing non-empty directory: another export took that number, so try the next.
+            os.rename(tmp, target)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                continue
+            raise
+        _fsync_dir(model_dir)
+        return target
+    raise ExportError(f"could not find a free version number in {model_dir}")
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,101 @@
+"""`textserve bench` against real servers: a tiny run of the whole benchmark on the exported
+tiny model (every phase, half-second steps), and the OIP load path. Figures are checked for
+presence and consistency only: tests never assert timings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from service.benchmark.loadgen import closed_loop, open_loop
+from service.benchmark.requests import build_requests, load_texts
+from service.benchmark.runner import BenchConfig, run_benchmark
+from tests.serving import running_server
+
+
+@pytest.mark.slow
+def test_a_tiny_benchmark_runs_every_phase_against_real_servers(
+    tiny_repository: Path, tiny_run: Path, tmp_path: Path
+) -> None:
+    from service.benchmark.report import write_results
+
+    config = BenchConfig(
+        repository=tiny_repository,
+        model="tiny",
+        concurrency=(1, 4),
+        multi_texts_per_request=4,
+        multi_concurrency=(2,),
+        open_loop=(0.5,),
+        warmup=0.2,
+        duration=0.5,
+        batching_off_concurrency=4,
+        intra_op_threads=1,
+    )
+    lines: list[str] = []
+    results = run_benchmark(config, log=lines.append)
+
+    steps = {(s["server"], s["mode"], s["concurrency"], s["texts_per_request"]): s
+             for s in results["steps"]}  # fmt: skip
+    assert set(steps) == {
+        ("batching", "closed", 1, 1),
+        ("batching", "closed", 4, 1),
+        ("batching", "closed", 2, 4),
+        ("batching", "open", None, 1),
+        ("batching-off", "closed", 4, 1),
+        ("echo", "closed", results["loadgen_check"]["concurrency"], 1),
+        ("trivial", "closed", results["loadgen_check"]["concurrency"], 1),
+    }
+    for key, step in steps.items():
+        assert step["errors"] == {}, key
+        assert step["requests"] > 0 and step["texts"] == step["requests"] * key[3], key
+        lat = step["latency_ms"]
+        assert 0 < lat["p50"] <= lat["p90"] <= lat["p95"] <= lat["p99"] <= lat["max"], key
+        srv = step["server_metrics"]  # the echo server's from /proc: it has no /metrics
+        assert srv["texts"] > 0 and srv["cpu_seconds"] is not None, key
+        if step["server"] != "echo":
+            assert srv["cpu_per_text_ms"] > 0, key
+    assert steps[("batching-off", "closed", 4, 1)]["server_metrics"]["mean_batch_size"] == 1.0
+    assert results["machine"]["providers"]["tiny"] == "CPUExecutionProvider"
+
+    # ceilings ran at the batch sizes the server reached, PyTorch from the tiny run
+    ort = results["ceilings"]["onnxruntime"]
+    assert ort and all(c["texts"] > 0 and c["threads"] == 1 for c in ort.values())
+    best = results["ceilings"]["onnxruntime_sorted"]
+    assert set(best) == set(ort)
+    # sorting by length can only cut padding
+    assert all(best[k]["padding_ratio"] <= ort[k]["padding_ratio"] for k in ort)
+    (torch_result,) = results["ceilings"]["torch"].values()
+    assert torch_result["texts"] > 0, torch_result
+    assert set(results["efficiency"]) == {"1", "4"}
+    assert all(e["ratio"] > 0 and e["ratio_sorted"] > 0 for e in results["efficiency"].values())
+    assert all(0 <= s["machine_cpu_share"] <= 1 for s in results["steps"])
+    assert len(results["targets"]) == 7
+    assert any("ceiling onnxruntime" in line for line in lines)
+
+    written = write_results(results, tmp_path)
+    data = json.loads(written["json"].read_text())
+    assert data["model"]["name"] == "tiny" and data["model"]["model_config"]["d_model"] == 32
+
+
+@pytest.mark.parametrize("api", ["v1", "oip"])
+def test_both_apis_closed_and_open_loop(api: str, tiny_repository: Path, tiny_run: Path) -> None:
+    pool = build_requests(load_texts(tiny_run), api, 3, "tiny", count=16)
+    with running_server(tiny_repository) as server:
+        raw, samples = asyncio.run(
+            closed_loop(server.address, pool, 3, warmup=0.1, duration=0.4, probe=None)
+        )
+        assert raw.errors == {} and raw.requests_done > 0 and samples == []
+        assert raw.texts == 3 * raw.requests_done
+        raw, _ = asyncio.run(open_loop(server.address, pool, 40.0, warmup=0.1, duration=0.4))
+        assert raw.errors == {} and raw.requests_done > 0
+
+
+def test_errors_are_counted_by_status_code(tiny_repository: Path, tiny_run: Path) -> None:
+    pool = build_requests(load_texts(tiny_run), "v1", 1, "no-such-model", count=4)
+    with running_server(tiny_repository) as server:
+        raw, _ = asyncio.run(closed_loop(server.address, pool, 2, warmup=0.0, duration=0.3))
+    assert raw.requests_done == 0 and raw.latencies == []
+    assert set(raw.errors) == {"NOT_FOUND"} and raw.errors["NOT_FOUND"] > 0

@@ -1,0 +1,88 @@
+"""Unit tests of bench/perf_analyzer.py's pure parts: texts in, command line, CSV report out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.perf_analyzer import (
+    format_table,
+    load_texts,
+    parse_report,
+    perf_analyzer_command,
+    write_input_data,
+)
+
+# The header and a row exactly as perf_analyzer 2.51.0 writes them with -f (µs).
+CSV = (
+    "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,"
+    "Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,"
+    "p50 latency,p90 latency,p95 latency,p99 latency\n"
+    "2,1273.4,12,2025,2118,2771,5599,0,5,11411,15499,18038,32637\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        (
+            "texts.jsonl",
+            '{"text": "good film", "label": "fresh"}\n\n{"text": "  "}\n{"text": "bad"}\n',
+        ),
+        ("texts.csv", 'text,label\n"good film",fresh\n"  ",rotten\nbad,rotten\n'),
+        ("texts.txt", "good film\n\nbad\n"),
+    ],
+)
+def test_texts_come_from_jsonl_csv_or_lines(tmp_path: Path, name: str, content: str) -> None:
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    assert load_texts(path, limit=10) == ["good film", "bad"]
+    assert load_texts(path, limit=1) == ["good film"]
+
+
+def test_a_file_without_texts_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="holds no texts"):
+        load_texts(path, limit=10)
+
+
+def test_input_data_has_one_text_tensor_per_text(tmp_path: Path) -> None:
+    path = write_input_data(["héllo", "b"], tmp_path / "in.json")
+    assert json.loads(path.read_text(encoding="utf-8")) == {
+        "data": [
+            {"TEXT": {"content": ["héllo"], "shape": [1]}},
+            {"TEXT": {"content": ["b"], "shape": [1]}},
+        ]
+    }
+
+
+def test_command_counts_windows_and_stabilizes_on_a_percentile_only_if_asked() -> None:
+    common = {
+        "url": "127.0.0.1:1",
+        "model": "m",
+        "concurrency": 4,
+        "input_data": Path("in.json"),
+        "csv_path": Path("out.csv"),
+        "request_count": 300,
+    }
+    command = perf_analyzer_command(Path("pa"), **common)  # type: ignore[arg-type]
+    joined = " ".join(command)
+    assert "-i grpc" in joined and "--concurrency-range 4:4" in joined
+    assert "--measurement-mode count_windows --measurement-request-count 300" in joined
+    assert "--percentile" not in command
+    with_p95 = perf_analyzer_command(Path("pa"), percentile=95, **common)  # type: ignore[arg-type]
+    assert with_p95[-2:] == ["--percentile", "95"]
+
+
+def test_report_is_in_milliseconds_and_tabulates(tmp_path: Path) -> None:
+    path = tmp_path / "c2.csv"
+    path.write_text(CSV, encoding="utf-8")
+    report = parse_report(path)
+    assert report["concurrency"] == 2 and report["throughput"] == pytest.approx(1273.4)
+    assert (report["p50_ms"], report["p99_ms"]) == pytest.approx((11.411, 32.637))
+    assert report["server_compute_infer_ms"] == pytest.approx(5.599)
+    table = format_table([report])
+    assert table.splitlines()[2] == "| 2 | 1273.4 | 11.41 | 15.50 | 18.04 | 32.64 | 2.12 | 5.60 |"

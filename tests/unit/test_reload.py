@@ -1,0 +1,354 @@
+"""Hot reload in the repository on hand-built versions: switch, drain, refusals, policies, admin.
+
+Real onnxruntime sessions on the milliseconds-to-build models of tests/handmade.py; no gRPC
+(tests/integration/test_hot_reload.py drives a real server under load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from onnx import TensorProto
+from prometheus_client import CollectorRegistry
+
+from service.config import RuntimeConfig, ServerConfig
+from service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
+from service.manifest import MODEL_FILE, TOKENIZER_FILE, sha256_file
+from service.metrics import Metrics
+from service.repository import LoadError, ModelRepository, ReloadEvent, State
+from service.version_policy import parse_policies
+from tests.handmade import make_version
+
+
+def run(root: Path, body: Callable[[ModelRepository], Awaitable[Any]], **overrides: Any) -> Metrics:
+    overrides.setdefault("runtime", RuntimeConfig(device="cpu", intra_op_threads=1))
+    overrides.setdefault("poll_interval", 0)  # the tests reconcile by hand unless they watch
+    config = ServerConfig(repository=root, metrics_port=None, **overrides)
+    metrics = Metrics(CollectorRegistry())
+
+    async def main() -> None:
+        repository = ModelRepository(config, metrics)
+        try:
+            await repository.load_all()
+            await body(repository)
+        finally:
+            await repository.close()
+
+    asyncio.run(main())
+    return metrics
+
+
+def info(metrics: Metrics) -> list[str]:
+    """The versions textserve_model_info reports as served."""
+    return [
+        s.labels["version"]
+        for family in metrics.registry.collect()
+        if family.name == "textserve_model_info"
+        for s in family.samples
+        if s.value == 1
+    ]
+
+
+def failures(metrics: Metrics, reason: str, model: str = "m") -> float:
+    labels = {"model": model, "reason": reason}
+    return metrics.registry.get_sample_value("textserve_model_load_failures_total", labels) or 0
+
+
+def reseal(path: Path) -> None:
+    """Make the manifest's checksums match the files again (a broken but consistent version)."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["sha256"] = {f: sha256_file(path / f) for f in (MODEL_FILE, TOKENIZER_FILE)}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+async def drained(repository: ModelRepository) -> None:
+    await asyncio.gather(*list(repository._drains.values()))
+
+
+def test_a_new_version_is_served_once_ready_and_the_old_one_released(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", 1)
+
+    async def body(repository: ModelRepository) -> None:
+        old = repository.get()
+        make_version(tmp_path, "m", 2, seed=1)
+        events = await repository.reconcile()
+        assert events == [ReloadEvent("m", 2, "loaded"), ReloadEvent("m", 1, "unloaded")]
+        assert repository.get().version == 2
+        assert repository.models["m"].versions[1].state is State.UNLOADING
+        with pytest.raises(NotReadyError, match="version 1 is unloading"):
+            repository.get("m", 1)
+        await drained(repository)
+        entry = repository.models["m"].versions[1]
+        assert entry.state is State.AVAILABLE and entry.handle is None
+        assert old._session._session is None  # the onnxruntime session was released
+        assert await repository.reconcile() == []  # nothing more to do
+
+    metrics = run(tmp_path, body)
+    assert info(metrics) == ["2"]
+
+
+def test_a_request_that_picked_the_old_version_finishes_there(tmp_path: Path) -> None:
+    """Even when it is still tokenizing as the switch happens (not yet in the batcher)."""
+    make_version(tmp_path, "m", 1)
+
+    async def body(repository: ModelRepository) -> None:
+        gate = threading.Event()
+        # Hold the (single) tokenizer thread: the request below stays in tokenization.
+        blocker = repository._tokenize_executor.submit(gate.wait, 30)
+        old = repository.get()
+        request = asyncio.create_task(old.classify(["a good film"]))
+        await asyncio.sleep(0)  # let it start: it is now waiting for the tokenizer
+        make_version(tmp_path, "m", 2, seed=1)
+        await repository.reconcile()
+        assert repository.get().version == 2
+        drain = repository._drains[("m", 1)]
+        await asyncio.sleep(0.05)  # give a wrong drain the chance to close v1 under the request
+        assert not drain.done() and not request.done()
+        gate.set()
+        result = await request  # answered by version 1, no NotReadyError
+        assert result.probabilities.shape == (1, 2)
+        await drain
+        assert old.stats().items == 1 and blocker.done()
+
+    run(tmp_path, body)
+
+
+def break_checksum(path: Path) -> None:
+    with open(path / MODEL_FILE, "ab") as fh:
+        fh.write(b"corrupted")
+
+
+def break_onnx(path: Path) -> None:
+    (path / MODEL_FILE).write_bytes(b"\x08\x07not an onnx graph" * 10)
+    reseal(path)
+
+
+def rename_input(path: Path) -> None:
+    model = onnx.load(str(path / MODEL_FILE))
+    model.graph.input[0].name = "ids"
+    for node in model.graph.node:
+        node.input[:] = ["ids" if i == "input_ids" else i for i in node.input]
+    onnx.save(model, str(path / MODEL_FILE))
+    reseal(path)
+
+
+def int32_input(path: Path) -> None:
+    model = onnx.load(str(path / MODEL_FILE))
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.INT32
+    onnx.save(model, str(path / MODEL_FILE))
+    reseal(path)
+
+
+def drop_tokenizer(path: Path) -> None:
+    (path / TOKENIZER_FILE).unlink()
+
+
+def bad_tokenizer(path: Path) -> None:
+    (path / TOKENIZER_FILE).write_text('{"model": "nonsense"}')
+    reseal(path)
+
+
+def too_many_labels(path: Path) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["labels"] = ["a", "b", "c"]  # the graph gives 2 logits: warm-up catches it
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def wrong_manifest(path: Path) -> None:
+    (path / "manifest.json").write_text('{"name": "m"}')
+
+
+@pytest.mark.parametrize(
+    ("breaker", "reason", "message"),
+    [
+        (break_checksum, "checksum_mismatch", "does not match the manifest"),
+        (break_onnx, "session_error", "onnxruntime cannot load"),
+        (rename_input, "contract_mismatch", r"inputs \['ids', 'attention_mask'\]"),
+        (int32_input, "contract_mismatch", r"input_ids is tensor\(int32\)"),
+        (drop_tokenizer, "tokenizer_error", "tokenizer.json is missing"),
+        (bad_tokenizer, "tokenizer_error", "not a tokenizers file"),
+        (too_many_labels, "warmup_error", "gives 2 logits but the manifest has 3 labels"),
+        (wrong_manifest, "invalid_manifest", "missing field"),
+    ],
+)
+def test_a_broken_version_is_refused_and_the_serving_one_keeps_serving(
+    tmp_path: Path, breaker: Callable[[Path], None], reason: str, message: str
+) -> None:
+    make_version(tmp_path, "m", 1)
+
+    async def body(repository: ModelRepository) -> None:
+        broken = make_version(tmp_path, "m", 2, seed=1)
+        breaker(broken)
+        [event] = await repository.reconcile()
+        assert (event.version, event.action) == (2, "refused") and event.reason
+        entry = repository.models["m"].versions[2]
+        assert entry.state is State.FAILED
+        assert re.search(message, entry.reason), entry.reason
+        assert repository.get().version == 1
+        assert (await repository.get().classify(["good"])).probabilities.shape == (1, 2)
+        assert await repository.reconcile() == []  # not tried (nor counted) again unchanged
+
+    metrics = run(tmp_path, body)
+    assert failures(metrics, reason) == 1
+    assert info(metrics) == ["1"]
+
+
+def test_a_refused_version_is_tried_again_once_its_files_change(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", 1)
+
+    async def body(repository: ModelRepository) -> None:
+        good = make_version(tmp_path / "staging", "m", 2, seed=1)
+        target = tmp_path / "m" / "2"
+        target.mkdir()
+        shutil.copy(good / "manifest.json", target)  # a copy still being written
+        assert [e.action for e in await repository.reconcile()] == ["refused"]
+        for name in (MODEL_FILE, TOKENIZER_FILE):
+            shutil.copy(good / name, target)
+        events = await repository.reconcile()
+        assert [(e.version, e.action) for e in events] == [(2, "loaded"), (1, "unloaded")]
+
+    run(tmp_path, body)
+
+
+def test_policy_all_and_latest_n(tmp_path: Path) -> None:
+    for version in (1, 2, 3):
+        make_version(tmp_path, "m", version)
+
+    async def every(repository: ModelRepository) -> None:
+        assert repository.versions("m") == [1, 2, 3]
+        assert repository.get().version == 3
+
+    run(tmp_path, every, version_policy=parse_policies("all"))
+
+    async def two(repository: ModelRepository) -> None:
+        assert repository.versions("m") == [2, 3]
+        make_version(tmp_path, "m", 4)
+        await repository.reconcile()
+        assert repository.versions("m") == [3, 4]
+
+    run(tmp_path, two, version_policy=parse_policies("m=latest:2"))
+
+
+def test_serving_json_pins_a_version_and_a_bad_one_keeps_the_policy(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", 1)
+    make_version(tmp_path, "m", 2)
+
+    async def body(repository: ModelRepository) -> None:
+        assert repository.get().version == 2
+        (tmp_path / "m" / "serving.json").write_text('{"version_policy": "specific:1"}')
+        await repository.reconcile()  # a rollback without a restart
+        assert repository.versions("m") == [1]
+        (tmp_path / "m" / "serving.json").write_text('{"version_policy": "newest"}')
+        assert await repository.reconcile() == []
+        assert str(repository.models["m"].policy) == "specific:1"
+        assert "is not one of" in repository.models["m"].policy_problem
+
+    run(tmp_path, body)
+
+
+def test_a_bad_serving_json_is_a_startup_error(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", 1)
+    (tmp_path / "m" / "serving.json").write_text("[]")
+    with pytest.raises(LoadError, match="must be a JSON object"):
+        run(tmp_path, drained)
+
+
+def test_a_removed_version_drains_and_the_policy_falls_back(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", 1)
+    make_version(tmp_path, "m", 2)
+
+    async def body(repository: ModelRepository) -> None:
+        shutil.rmtree(tmp_path / "m" / "2")
+        events = await repository.reconcile()
+        assert [(e.version, e.action) for e in events] == [(1, "loaded"), (2, "unloaded")]
+        await drained(repository)
+        assert sorted(repository.models["m"].versions) == [1]
+
+    metrics = run(tmp_path, body)
+    assert info(metrics) == ["1"]
+
+
+def test_admin_load_pins_and_unload_rolls_back(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", 1)
+    make_version(tmp_path, "m", 2)
+
+    async def body(repository: ModelRepository) -> None:
+        record, events = await repository.load_model("m", 1)
+        assert events == [ReloadEvent("m", 1, "loaded")]
+        assert repository.versions("m") == [1, 2] and repository.get().version == 2
+        await repository.reconcile()  # a poll keeps the pinned version
+        assert repository.versions("m") == [1, 2]
+        record, events = await repository.unload_model("m", 2)  # a rollback
+        assert events == [ReloadEvent("m", 2, "unloaded")]
+        assert repository.get().version == 1
+        assert record.versions[2].state is State.AVAILABLE  # drained before returning
+        await repository.reconcile()
+        assert repository.versions("m") == [1]  # the poll does not bring 2 back
+        await repository.unload_model("m")
+        assert repository.versions("m") == []
+        with pytest.raises(NotReadyError, match="no ready version"):
+            repository.get()
+        await repository.load_model("m")  # the policy again
+        assert repository.versions("m") == [2]
+
+    metrics = run(tmp_path, body)
+    assert info(metrics) == ["2"]
+
+
+def test_admin_errors(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", 1)
+    break_checksum(make_version(tmp_path, "m", 2))
+
+    async def body(repository: ModelRepository) -> None:
+        with pytest.raises(ModelNotFoundError, match="model 'x' not found"):
+            await repository.load_model("x")
+        with pytest.raises(ModelNotFoundError, match="no version 7 on disk"):
+            await repository.unload_model("m", 7)
+        with pytest.raises(LoadFailedError, match=r"version 2 was refused: .*does not match"):
+            await repository.load_model("m", 2)  # tried again (asked for by hand), refused
+        assert repository.get().version == 1
+        assert 2 not in repository.models["m"].pinned
+
+    metrics = run(tmp_path, body)
+    assert failures(metrics, "checksum_mismatch") == 2  # at startup and by hand
+
+
+def test_the_watcher_picks_up_a_new_version(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", 1)
+
+    async def body(repository: ModelRepository) -> None:
+        make_version(tmp_path, "m", 2, seed=1)
+        deadline = time.monotonic() + 20
+        while repository.get().version != 2:  # polling the outcome, not guessing a delay
+            assert time.monotonic() < deadline, repository.models["m"].describe()
+            await asyncio.sleep(0.01)
+
+    metrics = run(tmp_path, body, poll_interval=0.05)
+    assert info(metrics) == ["2"]
+
+
+def test_close_cuts_a_drain_short(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", 1)
+
+    async def body(repository: ModelRepository) -> None:
+        old = repository.get()
+        old.batcher.pause()
+        request = asyncio.create_task(old.classify(["good"]))
+        await asyncio.sleep(0.01)
+        old._active += 1  # a request that never finishes: only close() ends the drain
+        make_version(tmp_path, "m", 2)
+        await repository.reconcile()
+        assert not repository._drains[("m", 1)].done()
+        await request  # flushed by the drain: queued work still runs
+
+    run(tmp_path, body, grace_period=60)
