@@ -12,12 +12,14 @@ runs without --enable-admin).
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
 
 from service.client import ClientError
+from service.security import bearer_metadata, open_channel
 from textserve.v1 import admin_pb2 as pb
 from textserve.v1 import admin_pb2_grpc as pb_grpc
 
@@ -27,7 +29,8 @@ DEFAULT_TIMEOUT = 120.0
 
 
 class AdminClient:
-    """Blocking Admin client over one channel (its own, or `channel` if given)."""
+    """Blocking Admin client over one channel (its own, or `channel` if given). TLS and token
+    arguments as for service.client.Client."""
 
     def __init__(
         self,
@@ -35,11 +38,20 @@ class AdminClient:
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
         channel: grpc.Channel | None = None,
+        tls: bool = False,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+        server_name: str | None = None,
+        token: str | None = None,
     ) -> None:
         self.target = target
         self.timeout = timeout
+        self._metadata = bearer_metadata(token)
         self._own_channel = channel is None
-        self._channel = channel or grpc.insecure_channel(target)
+        self._channel = channel or open_channel(
+            target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name
+        )
         self.stub = pb_grpc.AdminStub(self._channel)
 
     def load_model(self, name: str, version: int | None = None) -> pb.LoadModelResponse:
@@ -55,7 +67,7 @@ class AdminClient:
 
     def _call(self, method: Any, request: Any) -> Any:
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
 

@@ -241,24 +241,31 @@ class ModelHandle:
                     "or shorten the text)"
                 )
             texts = [text[:max_chars] for text in texts]
-        encoded = await self._encoder.run(texts)
-        tokenized = time.perf_counter()
-        limit = self.max_length
-        payloads: list[list[int]] = []
-        lengths: list[int] = []
-        for index, ids in enumerate(encoded):
-            n = len(ids)
-            if n > limit:
-                if not truncate:
-                    raise ValidationError(
-                        f"texts[{index}] is {n} tokens long; model {self.name!r} takes at most "
-                        f"{limit} (send truncate=true to cut it, or shorten the text)"
-                    )
-                ids = ids[:limit]
-                n = limit
-            payloads.append(ids)
-            lengths.append(n)
-        result = await self.batcher.submit(payloads, lengths, deadline=deadline)
+        # Queue places are taken before tokenizing: when the queue is full the request is
+        # refused at once, and refusing excess load costs no tokenizer time.
+        self.batcher.reserve(len(texts))
+        try:
+            encoded = await self._encoder.run(texts)
+            tokenized = time.perf_counter()
+            limit = self.max_length
+            payloads: list[list[int]] = []
+            lengths: list[int] = []
+            for index, ids in enumerate(encoded):
+                n = len(ids)
+                if n > limit:
+                    if not truncate:
+                        raise ValidationError(
+                            f"texts[{index}] is {n} tokens long; model {self.name!r} takes at "
+                            f"most {limit} (send truncate=true to cut it, or shorten the text)"
+                        )
+                    ids = ids[:limit]
+                    n = limit
+                payloads.append(ids)
+                lengths.append(n)
+        except BaseException:  # invalid, or the caller went away while tokenizing
+            self.batcher.release(len(texts))
+            raise
+        result = await self.batcher.submit(payloads, lengths, deadline=deadline, reserved=True)
         full = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
         num_tokens = np.asarray(lengths, dtype=np.int64)
         truncated = full > num_tokens

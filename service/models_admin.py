@@ -13,6 +13,7 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
+from service import client_flags
 from service.admin_client import AdminClient
 from service.cli import CliError
 from service.client import ClientError
@@ -62,7 +63,8 @@ def run_admin(args: argparse.Namespace) -> int:
         raise CliError("`textserve models reload` takes no model name (it scans every model)")
     if args.version is not None and args.version < 1:
         raise CliError(f"the version must be a positive integer, got {args.version}")
-    with AdminClient(args.server, timeout=args.timeout) as admin:
+    options = client_flags.client_options(args)
+    with AdminClient(args.server, timeout=args.timeout, **options) as admin:
         try:
             if action == "load":
                 response: Any = admin.load_model(args.name, args.version)
@@ -80,6 +82,7 @@ def run_admin(args: argparse.Namespace) -> int:
             hint = {
                 "UNIMPLEMENTED": " (start the server with --enable-admin)",
                 "UNAVAILABLE": f" (is a server listening on {args.server}?)",
+                "UNAUTHENTICATED": f" (pass --token-file or set ${client_flags.TOKEN_ENV})",
             }.get(exc.code, "")
             raise CliError(f"{exc}{hint}") from None
     return 0

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service import client_flags
 from service.manifest import Manifest, ManifestError
 
 
@@ -139,6 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=120.0, help="load/unload/reload: seconds to wait"
     )
+    client_flags.add_arguments(parser)
     parser.add_argument(
         "--repository",
         type=Path,

@@ -163,8 +163,11 @@ class ModelRepository:
         await self.reconcile()
         if wanted is not None:
             if not self.models[wanted].ready():
+                record = self.models[wanted]
                 raise LoadError(
-                    f"default model {self.models[wanted].describe()} did not load", "other"
+                    f"default model {record.describe()} did not load (version policy "
+                    f"{record.policy})",
+                    "other",
                 )
             self.default_model = wanted
         elif len(self.models) == 1:

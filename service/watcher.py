@@ -34,6 +34,9 @@ class RepositoryWatcher:
             await asyncio.sleep(self.interval)
             try:
                 await self._poll()
+            except OSError as exc:  # e.g. a network mount gone for a moment: no traceback
+                logger.error("cannot scan the model repository (%s); retrying in %gs",
+                             exc, self.interval)  # fmt: skip
             except Exception:
                 logger.exception("scanning the model repository failed; retrying in %gs",
                                  self.interval)  # fmt: skip

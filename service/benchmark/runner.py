@@ -236,6 +236,8 @@ def run_benchmark(config: BenchConfig, log: Log = print) -> dict[str, Any]:
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "machine": {**machine, "load_average_end": os.getloadavg(), "providers": bench.providers},
         "model": describe_model(version_dir, run_dir),
+        # `textserve serve` reads these as flag defaults: they shape the servers started here
+        "server_environment": {k: v for k, v in os.environ.items() if k.startswith("TEXTSERVE_")},
         "steps": bench.steps,
         "loadgen_check": loadgen_check,
         "ceilings": ceiling_results,

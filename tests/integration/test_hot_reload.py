@@ -60,7 +60,9 @@ class Caller(threading.Thread):
                 try:
                     if self.oip:
                         request = oip.ModelInferRequest(model_name="tiny")
-                        tensor = request.inputs.add(name="TEXT", datatype="BYTES", shape=[len(texts)])
+                        tensor = request.inputs.add(
+                            name="TEXT", datatype="BYTES", shape=[len(texts)]
+                        )
                         tensor.contents.bytes_contents.extend(t.encode() for t in texts)
                         self.versions.append(int(infer(request, timeout=30).model_version))
                     else:
@@ -115,44 +117,40 @@ def test_versions_published_under_load_lose_no_request(
     stop = threading.Event()
     with running_server(repository, poll_interval=0.2) as srv, srv.channel() as channel:
         stub = pb_grpc.ClassifierStub(channel)
-
-        def served() -> int:
-            return stub.GetModel(pb.GetModelRequest(name="tiny"), timeout=10).version
-
         callers = [Caller(srv.address, stop), Caller(srv.address, stop, oip=True)]
         sampler = InfoSampler(srv.metrics, stop)
+
+        def state_of(version: int) -> int:
+            info = stub.GetModel(pb.GetModelRequest(name="tiny"), timeout=10)
+            return {v.version: v.state for v in info.versions}.get(version, 0)
+
+        def served_by_all(version: int) -> Callable[[], bool]:
+            seen = [len(c.versions) for c in callers]
+            # Each caller got an answer from `version` after it was published: traffic spans
+            # every switch, and the default version moved for both front ends.
+            return lambda: all(
+                len(c.versions) > n and c.versions[-1] == version
+                for c, n in zip(callers, seen, strict=True)
+            )
+
         for thread in (*callers, sampler):
             thread.start()
         published: list[int] = []
-        broken = 0
         try:
-            for step in ("export", "broken", "export", "export"):
-                if step == "broken":
-                    broken = drop_broken_version(repository / "tiny")
-                    poll(
-                        lambda: any(
-                            v.version == broken and v.state == pb.MODEL_STATE_FAILED
-                            for v in stub.GetModel(pb.GetModelRequest(name="tiny")).versions
-                        ),
-                        f"version {broken} to be refused",
-                    )
-                    continue
+            version = int(export_run(tiny_run, repository, "tiny", threads=1).name)
+            published.append(version)
+            poll(served_by_all(version), f"version {version} to be served")
+            broken = drop_broken_version(repository / "tiny")
+            poll(lambda: state_of(broken) == pb.MODEL_STATE_FAILED, f"{broken} to be refused")
+            for _ in range(2):
                 version = int(export_run(tiny_run, repository, "tiny", threads=1).name)
                 published.append(version)
-                poll(lambda v=version: served() == v, f"version {version} to be served")  # type: ignore[misc]
-                count = [len(c.versions) for c in callers]
-                poll(  # each caller got answers from the new version: traffic spans each switch
-                    lambda v=version, n=count: all(  # type: ignore[misc]
-                        len(c.versions) > k and c.versions[-1] == v for c, k in zip(callers, n)
-                    ),
-                    f"callers to reach version {version}",
-                )
+                poll(served_by_all(version), f"version {version} to be served")
         finally:
             stop.set()
             for thread in (*callers, sampler):
                 thread.join(timeout=60)
         info = stub.GetModel(pb.GetModelRequest(name="tiny"), timeout=10)
-        provider = info.execution_provider
 
     assert published == [2, 4, 5] and broken == 3
     for caller in callers:
@@ -162,13 +160,16 @@ def test_versions_published_under_load_lose_no_request(
         assert set(caller.versions) >= {2, 4, 5}
     assert sampler.seen == sorted(sampler.seen) and broken not in sampler.seen
     assert sampler.seen[-1] == 5
+    assert info.version == 5
     refused = {v.version: v for v in info.versions}[broken]
     assert refused.state == pb.MODEL_STATE_FAILED
     assert "does not match the manifest" in refused.reason
     value = srv.metrics.registry.get_sample_value
-    assert value("textserve_model_load_failures_total", {"model": "tiny", "reason": "checksum_mismatch"}) == 1  # fmt: skip
-    assert value("textserve_model_info", {"model": "tiny", "version": "5", "provider": provider}) == 1  # fmt: skip
-    assert value("textserve_model_info", {"model": "tiny", "version": "4", "provider": provider}) is None  # fmt: skip
+    failures = {"model": "tiny", "reason": "checksum_mismatch"}
+    assert value("textserve_model_load_failures_total", failures) == 1
+    served = {"model": "tiny", "provider": info.execution_provider}
+    assert value("textserve_model_info", {**served, "version": "5"}) == 1
+    assert value("textserve_model_info", {**served, "version": "4"}) is None
 
 
 def live(kind: type) -> int:

@@ -27,6 +27,7 @@ from service.manifest import MODEL_FILE, TOKENIZER_FILE, sha256_file
 from service.metrics import Metrics
 from service.repository import LoadError, ModelRepository, ReloadEvent, State
 from service.version_policy import parse_policies
+from service.watcher import RepositoryWatcher
 from tests.handmade import make_version
 
 
@@ -352,3 +353,28 @@ def test_close_cuts_a_drain_short(tmp_path: Path) -> None:
         await request  # flushed by the drain: queued work still runs
 
     run(tmp_path, body, grace_period=60)
+
+
+def test_the_watcher_survives_failing_scans(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[int] = []
+
+    async def poll() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("repository unmounted")
+        if len(calls) == 2:
+            raise RuntimeError("a bug")
+
+    async def main() -> None:
+        watcher = RepositoryWatcher(poll, 0.001)
+        watcher.start()
+        while len(calls) < 3:
+            await asyncio.sleep(0.001)
+        await watcher.stop()
+        await watcher.stop()  # idempotent
+
+    asyncio.run(main())
+    assert "cannot scan the model repository (repository unmounted)" in caplog.text
+    assert "RuntimeError: a bug" in caplog.text  # with its traceback
+    with pytest.raises(ValueError, match="interval must be positive"):
+        RepositoryWatcher(poll, 0)

@@ -163,3 +163,20 @@ def test_wanted_follows_the_policy() -> None:
     assert record(states, parse_policy("latest:2")).wanted() == [4, 3]
     assert record(states, parse_policy("all")).wanted() == [4, 3, 2, 1]
     assert record(states, parse_policy("specific:2,9")).wanted() == [2]
+
+
+def test_serve_flags_build_the_reload_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.serve_cli import build_config
+
+    args = cli.build_parser().parse_args(["serve"])
+    config = build_config(args)
+    assert (config.poll_interval, config.enable_admin) == (5.0, False)
+    assert config.version_policy == PolicySet()
+    monkeypatch.setenv("TEXTSERVE_ENABLE_ADMIN", "1")
+    monkeypatch.setenv("TEXTSERVE_VERSION_POLICY", "all tiny=latest:2")
+    argv = ["serve", "--poll-interval", "0.5"]
+    config = build_config(cli.build_parser().parse_args(argv))
+    assert (config.poll_interval, config.enable_admin) == (0.5, True)
+    assert config.version_policy.for_model("tiny") == VersionPolicy("latest", 2)
+    with pytest.raises(cli.CliError, match="--poll-interval must be 0"):
+        build_config(cli.build_parser().parse_args(["serve", "--poll-interval", "-1"]))

@@ -1,0 +1,295 @@
+"""Unit tests of the hardening pieces with fakes: token files and constant-time matching, the
+auth interceptor's decisions, TLS file checks, the client flags, the decode guard, and the
+batcher's queue reservations (a full queue refuses before tokenizing)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from service import client_flags
+from service.batcher import Batcher
+from service.cli import CliError
+from service.config import BatcherConfig, ConfigError, SecurityConfig, ServerConfig
+from service.decode_guard import DecodeGuard, Undecodable, guard, safe_deserializer
+from service.errors import NotReadyError, OverloadedError
+from service.security import (
+    OPEN_SERVICES,
+    TokenAuthInterceptor,
+    TokenSet,
+    bearer_metadata,
+    bearer_token,
+    channel_credentials,
+    parse_tokens,
+    read_pem,
+    read_tokens,
+)
+from textserve.v1 import classifier_pb2 as pb
+
+TOKEN = "s3cret-0123456789abcdef"
+
+
+# -- tokens ---------------------------------------------------------------------------------------
+
+
+def test_token_files_skip_blanks_and_comments() -> None:
+    text = f"# who: ci\n\n  {TOKEN}  \n# rotated: old\nother-token-0123456789\n"
+    assert parse_tokens(text) == [TOKEN, "other-token-0123456789"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "holds no token"),
+        ("# only a comment\n\n", "holds no token"),
+        ("two words\n", "line 1: a token must be printable ASCII without spaces"),
+        ("ok-token\ntöken\n", "line 2: a token must be printable ASCII"),
+        ("tab\there\n", "line 1"),
+    ],
+)
+def test_bad_token_files_say_which_line(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_tokens(text)
+
+
+def test_unreadable_token_file_names_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--auth-token-file .*missing: cannot read"):
+        read_tokens(tmp_path / "missing")
+
+
+def test_every_token_matches_and_nothing_else() -> None:
+    tokens = TokenSet([TOKEN, "second-0123456789abcdef"])
+    assert tokens.matches(TOKEN) and tokens.matches("second-0123456789abcdef")
+    for wrong in ("", TOKEN[:-1], TOKEN + "x", TOKEN.upper(), "second", TOKEN.encode() + b"\0"):
+        assert not tokens.matches(wrong)
+    with pytest.raises(ValueError):
+        TokenSet([])
+
+
+@pytest.mark.parametrize(
+    ("metadata", "token", "problem"),
+    [
+        ((("authorization", f"Bearer {TOKEN}"),), TOKEN, ""),
+        ((("Authorization", f"bearer   {TOKEN}  "),), TOKEN, ""),
+        ((("other", "x"),), None, "missing credentials"),
+        (None, None, "missing credentials"),
+        ((("authorization", TOKEN),), None, "must be 'Bearer <token>'"),
+        ((("authorization", "Bearer "),), None, "must be 'Bearer <token>'"),
+        ((("authorization", f"Basic {TOKEN}"),), None, "must be 'Bearer <token>'"),
+        ((("authorization", "Bearer a"), ("authorization", "Bearer b")), None, "not several"),
+    ],
+)
+def test_bearer_metadata_is_parsed_strictly(metadata: Any, token: str | None, problem: str) -> None:
+    got, why = bearer_token(metadata)
+    assert got == token and problem in why
+
+
+def test_the_interceptor_leaves_health_and_reflection_open() -> None:
+    interceptor = TokenAuthInterceptor([TOKEN])
+    for service in OPEN_SERVICES:
+        assert interceptor.check(f"/{service}/Check", ()) == ""
+    assert "missing" in interceptor.check("/textserve.v1.Classifier/Classify", ())
+    assert "missing" in interceptor.check("/inference.GRPCInferenceService/ModelInfer", ())
+    assert interceptor.check("/textserve.v1.Classifier/Classify", bearer_metadata(TOKEN)) == ""
+    wrong = bearer_metadata("wrong-0123456789abcdef")
+    assert interceptor.check("/textserve.v1.Classifier/Classify", wrong) == "invalid bearer token"
+    # a look-alike service name is not open
+    assert interceptor.check("/grpc.health.v1.HealthX/Check", ()) != ""
+
+
+def test_refusals_are_logged_at_most_every_ten_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+    interceptor = TokenAuthInterceptor([TOKEN], clock=lambda: now[0])
+    for _ in range(5):
+        interceptor._note_refusal("/x.Y/Z", "missing credentials")
+    now[0] += 10
+    interceptor._note_refusal("/x.Y/Z", "invalid bearer token")
+    lines = [r.getMessage() for r in caplog.records if "unauthenticated" in r.getMessage()]
+    assert len(lines) == 2 and lines[1].startswith("refused 5 unauthenticated")
+    assert TOKEN not in caplog.text
+
+
+def test_client_token_metadata_is_checked() -> None:
+    assert bearer_metadata(None) == ()
+    assert bearer_metadata(f" {TOKEN}\n") == (("authorization", f"Bearer {TOKEN}"),)
+    for bad in ("", "two words", "tök"):
+        with pytest.raises(ValueError):
+            bearer_metadata(bad)
+
+
+# -- TLS and configuration -------------------------------------------------------------------------
+
+
+def test_security_config_pairs_its_files() -> None:
+    with pytest.raises(ConfigError, match="go together"):
+        SecurityConfig(tls_cert=Path("c.pem"))
+    with pytest.raises(ConfigError, match="needs TLS itself"):
+        SecurityConfig(tls_client_ca=Path("ca.pem"))
+    assert SecurityConfig(tls_cert=Path("c"), tls_key=Path("k")).tls
+    assert ServerConfig().max_message_bytes == 4 * 1024 * 1024
+    with pytest.raises(ConfigError, match="--max-message-bytes"):
+        ServerConfig(max_message_bytes=0)
+
+
+def test_pem_files_are_checked_at_startup(tmp_path: Path) -> None:
+    key = tmp_path / "key.pem"
+    key.write_text("-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(ConfigError, match=r"--tls-cert .*not a PEM file holding a certificate"):
+        read_pem(key, "--tls-cert", "CERTIFICATE")
+    assert read_pem(key, "--tls-key", "PRIVATE KEY").startswith(b"-----BEGIN")
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_pem(tmp_path / "nope.pem", "--tls-ca", "CERTIFICATE")
+    with pytest.raises(ValueError, match="give both cert and key"):
+        channel_credentials(cert=key)
+
+
+def _args(**values: Any) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    client_flags.add_arguments(parser)
+    args = parser.parse_args([])
+    for name, value in values.items():
+        setattr(args, name, value)
+    return args
+
+
+def test_client_flags_read_the_token_from_a_file_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TEXTSERVE_TOKEN", raising=False)
+    assert client_flags.client_options(_args())["token"] is None
+    monkeypatch.setenv("TEXTSERVE_TOKEN", TOKEN)
+    assert client_flags.client_options(_args())["token"] == TOKEN
+    path = tmp_path / "token"
+    path.write_text(f"# mine\n{TOKEN}x\n")
+    assert client_flags.client_options(_args(token_file=str(path)))["token"] == TOKEN + "x"
+    path.write_text("one-0123456789abcdef\ntwo-0123456789abcdef\n")
+    with pytest.raises(CliError, match="holds 2 tokens; a client sends one"):
+        client_flags.client_options(_args(token_file=str(path)))
+    with pytest.raises(CliError, match="go together"):
+        client_flags.client_options(_args(tls_cert="c.pem"))
+    with pytest.raises(CliError, match="needs TLS"):
+        client_flags.client_options(_args(tls_server_name="example.com"))
+    options = client_flags.client_options(_args(tls_ca="ca.pem"))
+    assert options["tls"] and options["ca"] == "ca.pem"
+
+
+# -- the decode guard -----------------------------------------------------------------------------
+
+
+class FakeContext:
+    def __init__(self) -> None:
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    async def abort(self, code: grpc.StatusCode, message: str) -> None:
+        self.aborted = (code, message)
+        raise grpc.aio.AbortError()
+
+
+def test_undecodable_bytes_become_a_marker_not_an_exception() -> None:
+    deserialize = safe_deserializer(pb.ClassifyRequest.FromString)
+    assert list(deserialize(pb.ClassifyRequest(texts=["a"]).SerializeToString()).texts) == ["a"]
+    marker = deserialize(b"\x12\x02\xff\xfe")  # texts = invalid UTF-8
+    assert isinstance(marker, Undecodable) and "DecodeError" in marker.reason
+
+
+def test_guarded_unary_and_stream_methods_answer_invalid_argument() -> None:
+    calls: list[Any] = []
+
+    async def unary(request: Any, context: Any) -> str:
+        calls.append(request)
+        return "ok"
+
+    async def bidi(requests: Any, context: Any) -> Any:
+        async for request in requests:
+            yield request
+
+    async def main() -> None:
+        handler = guard(
+            "/t.S/U",
+            grpc.unary_unary_rpc_method_handler(unary, pb.ClassifyRequest.FromString, None),
+        )
+        context = FakeContext()
+        good = handler.request_deserializer(b"")
+        assert await handler.unary_unary(good, context) == "ok"
+        bad = handler.request_deserializer(b"\xff\xff")
+        with pytest.raises(grpc.aio.AbortError):
+            await handler.unary_unary(bad, context)
+        assert context.aborted is not None
+        assert context.aborted[0] == grpc.StatusCode.INVALID_ARGUMENT
+        assert "/t.S/U: the request is not a valid protobuf message" in context.aborted[1]
+        assert len(calls) == 1  # the method never saw the bad message
+
+        stream = guard(
+            "/t.S/B", grpc.stream_stream_rpc_method_handler(bidi, pb.ClassifyRequest.FromString)
+        )
+
+        async def requests() -> Any:
+            yield stream.request_deserializer(b"")
+            yield stream.request_deserializer(b"\xff\xff")
+
+        context = FakeContext()
+        seen = []
+        with pytest.raises(grpc.aio.AbortError):
+            async for item in stream.stream_stream(requests(), context):
+                seen.append(item)
+        assert len(seen) == 1 and context.aborted is not None
+        assert "message 1 of the request stream" in context.aborted[1]
+
+    asyncio.run(main())
+
+
+def test_the_guard_is_built_once_per_method() -> None:
+    async def unary(request: Any, context: Any) -> None:
+        return None
+
+    handler = grpc.unary_unary_rpc_method_handler(unary, pb.ClassifyRequest.FromString)
+
+    async def continuation(details: Any) -> Any:
+        return handler
+
+    class Details:
+        method = "/t.S/U"
+        invocation_metadata = ()
+
+    async def main() -> None:
+        interceptor = DecodeGuard()
+        first = await interceptor.intercept_service(continuation, Details())  # type: ignore[arg-type]
+        again = await interceptor.intercept_service(continuation, Details())  # type: ignore[arg-type]
+        assert first is again and first is not handler
+
+    asyncio.run(main())
+
+
+# -- queue reservations ---------------------------------------------------------------------------
+
+
+def test_reserved_places_count_against_the_queue_until_submitted_or_released() -> None:
+    def run_batch(payloads: list[int]) -> np.ndarray:
+        return np.zeros((len(payloads), 1), dtype=np.float32)
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(run_batch, BatcherConfig(max_queue_size=4))
+        batcher.start()
+        batcher.reserve(3)
+        with pytest.raises(OverloadedError, match="3 texts queued"):
+            batcher.reserve(2)
+        with pytest.raises(OverloadedError):
+            await batcher.submit([1, 2], [1, 1])  # unreserved submits see reservations too
+        batcher.reserve(1)
+        batcher.release(1)
+        result = await batcher.submit([1, 2, 3], [1, 1, 1], reserved=True)
+        assert result.outputs.shape == (3, 1)
+        batcher.reserve(4)  # every place is free again
+        await batcher.close()
+        with pytest.raises(NotReadyError):
+            await batcher.submit([1, 2, 3, 4], [1] * 4, reserved=True)
+        assert batcher._reserved == 0  # taken over even when submit refuses
+        assert batcher.stats.rejected_overloaded == 2
+
+    asyncio.run(main())
