@@ -60,6 +60,10 @@ bench: venv
 	$(PY) -m service.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
 	$(PY) -m service.cli bench --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
 	  $(BENCH_ARGS)
+	$(PY) bench/perf_analyzer.py --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
+	  --concurrency 1,4,16,64,128
+	$(PY) -m export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \
+	  --json bench/results/export_bench.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

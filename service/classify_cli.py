@@ -111,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
     except ClientError as exc:
         if exc.code == "UNAVAILABLE":
             raise CliError(f"cannot reach a ready server at {args.server}: {exc.message}") from None
+        if exc.code == "RESOURCE_EXHAUSTED" and "larger than max" in exc.message:
+            raise CliError(
+                f"a request was larger than the server takes ({exc.message}); send fewer texts "
+                "per request with --batch-size"
+            ) from None
         if exc.code == "UNAUTHENTICATED":
             raise CliError(
                 f"the server refused the call: {exc.message} (give the token with --token-file "

@@ -18,6 +18,14 @@ from typing import Any
 
 import grpc
 
+from service.errors import ValidationError
+
+
+class UndecodableMessageError(ValidationError):
+    """A message of a request stream did not parse. Raised from the request iterator, so the
+    servicer unwinds first (its own error mapping, or the guard's, then answers
+    INVALID_ARGUMENT once): aborting from inside the iterator would race the servicer's writes."""
+
 
 class Undecodable:
     """Stands in for a request message that failed to parse."""
@@ -65,34 +73,33 @@ def _guard_unary(method: str, behavior: Callable[..., Any]) -> Callable[..., Any
     return guarded
 
 
-def _checked_messages(
-    method: str, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
-) -> AsyncIterator[Any]:
-    async def messages() -> AsyncIterator[Any]:
-        index = 0
-        async for request in requests:
-            if isinstance(request, Undecodable):
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, _message(method, request.reason, index)
-                )
-            yield request
-            index += 1
-
-    return messages()
+async def _checked_messages(method: str, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    index = 0
+    async for request in requests:
+        if isinstance(request, Undecodable):
+            raise UndecodableMessageError(_message(method, request.reason, index))
+        yield request
+        index += 1
 
 
 def _guard_streaming(method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(behavior):
 
         async def guarded_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            async for response in behavior(_checked_messages(method, requests, context), context):
-                yield response
+            try:
+                async for response in behavior(_checked_messages(method, requests), context):
+                    yield response
+            except UndecodableMessageError as exc:  # the servicer let it through: answer it
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
         return guarded_stream
 
     async def guarded(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        result = behavior(_checked_messages(method, requests, context), context)
-        return await result if inspect.isawaitable(result) else result
+        try:
+            result = behavior(_checked_messages(method, requests), context)
+            return await result if inspect.isawaitable(result) else result
+        except UndecodableMessageError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     return guarded
 
