@@ -65,13 +65,15 @@ def export_run(
     atol: float = validate.FP32_ATOL,
     rtol: float = validate.FP32_RTOL,
     threads: int | None = None,
+    padding_free: bool = transforms.DEFAULT_PADDING_FREE,
 ) -> Path:
     """Export, check and publish the run as the next version of `name`; returns its directory.
 
     Raises ExportError for bad input (run directory, repository, options) and its subclass
     CheckFailed when the model fails a check; in both cases nothing is published. `atol`/`rtol`
     bound the fp32 parity check; `threads` sets torch's and onnxruntime's CPU threads (None:
-    their defaults). int8 and fp16 graphs are derived from the checked fp32 graph.
+    their defaults); `padding_free=False` exports the model's dense form instead of
+    export/padding_free.py's. int8 and fp16 graphs are derived from the checked fp32 graph.
     """
     _check_options(name, quantize, fp16, max_accuracy_drop, opset, exporter, atol, rtol)
     run = _load_run(run_dir, threads)
@@ -92,6 +94,7 @@ def export_run(
             atol=atol,
             rtol=rtol,
             threads=threads,
+            padding_free=padding_free,
         )
         os.replace(built.graph, tmp / MODEL_FILE)
         shutil.copyfile(run.tokenizer_path, tmp / TOKENIZER_FILE)
@@ -180,6 +183,7 @@ def _build(
     atol: float,
     rtol: float,
     threads: int | None,
+    padding_free: bool,
 ) -> _Built:
     """Export, check, optimize, check again, then derive the int8/fp16 graph if asked."""
     inputs = validate.parity_inputs(
@@ -190,6 +194,7 @@ def _build(
     )
     extra: dict[str, Any] = {
         "exporter": f"torch.onnx.export ({exporter})",
+        "graph_form": "padding-free" if padding_free else "dense",
         "versions": {
             "torch": torch.__version__,
             "onnx": onnx.__version__,
@@ -201,7 +206,12 @@ def _build(
     }
 
     raw = work / "raw.onnx"
-    logger.info("exporting to ONNX (%s exporter, opset %d)", exporter, opset)
+    logger.info(
+        "exporting to ONNX (%s exporter, opset %d, %s graph)",
+        exporter,
+        opset,
+        extra["graph_form"],
+    )
     transforms.export_onnx(
         run.model,
         raw,
@@ -209,6 +219,7 @@ def _build(
         pad_token_id=run.pad_token_id,
         opset=opset,
         exporter=exporter,
+        padding_free=padding_free,
     )
     opset_used, max_diff = _check_fp32(
         raw, run, inputs, atol=atol, rtol=rtol, threads=threads, label="fp32"

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_OPSET = 18
 EXPORTERS = ("torchscript", "dynamo")
 
-# Exporter choice (measured with torch 2.13, onnxruntime 1.32, on the "small" preset, 1 thread):
+# Exporter choice (torch 2.13, onnxruntime 1.32, "small" preset, 1 thread, dense graph):
 # both exporters give a correct graph with truly dynamic batch_size/sequence_length axes — each
 # passes assert_parity at batch 1/7/64 × length 1/5/37/64 with max |Δlogit| ~3e-7 — but
 #  * TorchScript (dynamo=False) exports in 0.2 s, dynamo in 8–13 s (it matters for `make serve`
@@ -32,10 +32,20 @@ EXPORTERS = ("torchscript", "dynamo")
 #    32 (ORT profile: 18–22 ms vs 26–30 ms per batch of 32 × 48 tokens). onnxruntime fuses its
 #    Linear+GELU into BiasGelu, while the dynamo graph (GELU decomposed into Erf/Mul/Add at
 #    opset 18) gets Add+LayerNorm fused into SkipLayerNormalization, which is slow on CPU here
-#    (~22% of the batch). At batch 1 the two are within noise of each other.
+#    (~22% of the batch; CPU sessions now leave that fusion out, service/runtime.py's
+#    disabled_optimizers). At batch 1 the two are within noise of each other.
 # The TorchScript exporter is deprecated upstream but still supported in the pinned torch; the
 # dynamo path stays available (`--exporter dynamo`) and is tested, for when it must take over.
 DEFAULT_EXPORTER = "torchscript"
+
+# Graph form: padding-free by default (export/padding_free.py). Measured on the default model
+# (small preset, 1 thread, onnxruntime 1.32, test split, `python -m export.bench`, medians of 3
+# runs): at batch 32 the dense graph ran at 0.87x PyTorch eager, the padding-free one at 1.75x
+# (2056 vs 1167 texts/s); at batch 1 (nothing to remove, a few more nodes) 2.4x vs 2.7x. The
+# ORT profile of the dense graph at batch 32: MatMul 47% of the time, half of it on padding;
+# Softmax 16%, mostly subnormal-exp assists on the padding keys; Where (the mask) 5%.
+# `padding_free=False` exports the model's own forward.
+DEFAULT_PADDING_FREE = True
 
 # Offline optimization level: BASIC. Its rewrites (constant folding, redundant-node elimination,
 # standard-op fusions) are semantics-preserving and provider-independent, so the published graph
@@ -72,10 +82,18 @@ def export_onnx(
     pad_token_id: int = 0,
     opset: int = DEFAULT_OPSET,
     exporter: str = DEFAULT_EXPORTER,
+    padding_free: bool = DEFAULT_PADDING_FREE,
 ) -> None:
-    """Write `model` (eval mode) as an ONNX graph with dynamic batch_size and sequence_length."""
+    """Write `model` (eval mode) as an ONNX graph with dynamic batch_size and sequence_length.
+
+    padding_free: export the model's PaddingFreeClassifier form (a TransformerClassifier only).
+    """
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
+    if padding_free:
+        from export.padding_free import PaddingFreeClassifier
+
+        model = PaddingFreeClassifier(model)  # type: ignore[arg-type] # TypeError if it is not one
     model.eval()
     args = example_inputs(max_length, pad_token_id)
     with warnings.catch_warnings():
@@ -169,9 +187,17 @@ def convert_fp16(src: Path, dst: Path) -> dict[str, object]:
     Constants beyond float16's range (the attention mask's float32 minimum) are clamped to
     ±65504, which still gives padding keys a zero softmax weight.
     """
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
+    # Max is on the converter's default keep-in-float32 list, but onnxruntime runs it in float16
+    # on CPU and CUDA; kept in float32 (the padding-free graph's softmax floor), the converter
+    # puts its Cast nodes out of topological order and onnx.checker refuses the graph.
+    blocked = [op for op in DEFAULT_OP_BLOCK_LIST if op != "Max"]
     model = onnx.load(str(src))
-    converted = convert_float_to_float16(model, keep_io_types=True)
+    converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked)
     onnx.save(converted, str(dst))
-    return {"method": "onnxruntime.transformers.float16", "keep_io_types": True}
+    return {
+        "method": "onnxruntime.transformers.float16",
+        "keep_io_types": True,
+        "op_block_list": "default minus Max",
+    }

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from export.errors import CheckFailed
 from model.tokenizer import encode_batch
 from service.manifest import INPUT_NAMES, OUTPUT_NAME
+from service.runtime import disabled_optimizers
 
 MIN_OPSET = 17
 FP32_ATOL = 1e-4  # the bound on max |Δlogit| for fp32
@@ -66,8 +67,12 @@ def make_session(
         options.inter_op_num_threads = 1
     options.log_severity_level = 3  # warnings about unused initializers etc. are noise here
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the server
+    requested = list(providers or ["CPUExecutionProvider"])
     return ort.InferenceSession(
-        str(onnx_path), options, providers=list(providers or ["CPUExecutionProvider"])
+        str(onnx_path),
+        options,
+        providers=requested,
+        disabled_optimizers=disabled_optimizers(requested),  # as the server
     )
 
 

@@ -2,15 +2,22 @@
 
 Imports neither grpc nor onnxruntime. `Batcher` takes a plain callable
 `run_batch(payloads) -> np.ndarray` (one output row per payload) and runs it on an executor
-thread, so it is tested with fakes in microseconds and with onnxruntime in integration.
+thread, so it is tested with fakes in microseconds and with onnxruntime in integration. A
+`run_batch` that does more than one model run per batch (ModelHandle tokenizes the batch and runs
+it as length-sorted sub-batches) returns a `BatchOutput` instead: the rows, the runs it made (for
+the batch metrics) and the rows that failed (their requests fail with that error).
 
 Batch formation (see ../shared/DESIGN.md): the oldest waiting item anchors the batch, so no item
 starves; the batch is filled from the anchor's length bucket outwards (nearest lengths first)
 while it holds fewer than `max_batch_size` items, `items x longest` stays within
 `max_batch_tokens` and, once it has `min_fill` items, padding stays under `max_padding_ratio`.
-A batch starts when it is full or when its oldest item has waited `max_queue_delay`. Items whose
-caller cancelled or whose deadline passed are dropped before inference. The queue is bounded: a
-request that does not fit is refused at once.
+
+A free worker starts a batch when it is full or when its oldest item has waited
+`max_queue_delay` for it to fill. With the default delay of 0 a batch starts as soon as a worker
+is free: a lone request never waits, and under load batches still form, from the items that
+queued while the previous batch ran. A positive delay trades latency for larger batches when the
+load is light. Items whose caller cancelled or whose deadline passed are dropped before
+inference. The queue is bounded: a request that does not fit is refused at once.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
@@ -64,8 +71,8 @@ class NullObserver:
 class BatchStats:
     """Counters since the batcher started (read by GetModel and tests)."""
 
-    batches: int = 0
-    items: int = 0  # items that reached run_batch
+    batches: int = 0  # model runs (a batch that run_batch splits into runs counts each run)
+    items: int = 0  # items that reached the model
     max_batch_size_seen: int = 0
     dropped_deadline: int = 0
     dropped_cancelled: int = 0
@@ -77,6 +84,23 @@ class BatchStats:
     @property
     def mean_batch_size(self) -> float:
         return self.items / self.batches if self.batches else 0.0
+
+
+class RunStats(NamedTuple):
+    """One model run inside a batch, as `run_batch` reports it (see BatchOutput)."""
+
+    size: int  # items in the run
+    padded_tokens: int  # items x the run's padded length
+    real_tokens: int  # tokens of the items themselves (the rest is padding)
+    seconds: float  # the run's duration
+
+
+class BatchOutput(NamedTuple):
+    """What a `run_batch` that does more than run the model once returns."""
+
+    outputs: np.ndarray  # (n, ...) one row per payload (rows in `errors` may hold anything)
+    runs: Sequence[RunStats] | None = None  # the model runs it made; None: the batch, once
+    errors: Mapping[int, Exception] | None = None  # row -> why it failed (its request fails)
 
 
 @dataclass(frozen=True)
@@ -139,7 +163,7 @@ class Batcher(Generic[P]):
 
     def __init__(
         self,
-        run_batch: Callable[[list[P]], np.ndarray],
+        run_batch: Callable[[list[P]], np.ndarray | BatchOutput],
         config: BatcherConfig,
         *,
         executor: Executor | None = None,
@@ -348,15 +372,16 @@ class Batcher(Generic[P]):
 
     async def _wait_for_batch(self) -> None:
         """Return when a batch should start: full, oldest item waited long enough, or flushing."""
-        assert self._wakeup is not None and self._resumed is not None
+        wakeup, resumed = self._wakeup, self._resumed
+        assert wakeup is not None and resumed is not None
         config = self.config
         while True:
-            if not self._resumed.is_set():
-                await self._resumed.wait()
+            if not resumed.is_set():
+                await resumed.wait()
                 continue
             if not self._count:
-                self._wakeup.clear()
-                await self._wakeup.wait()
+                wakeup.clear()
+                await wakeup.wait()
                 continue
             if (
                 self._flushing
@@ -368,11 +393,13 @@ class Batcher(Generic[P]):
             wait = oldest + config.max_queue_delay - self._clock()
             if wait <= 0:
                 return
-            self._wakeup.clear()
+            # A timer that sets the event, rather than asyncio.wait_for (a task per wait).
+            wakeup.clear()
+            timer = asyncio.get_running_loop().call_later(wait, wakeup.set)
             try:
-                await asyncio.wait_for(self._wakeup.wait(), wait)
-            except TimeoutError:
-                return
+                await wakeup.wait()
+            finally:
+                timer.cancel()
 
     def _take_batch(self, now: float) -> list[_Item]:
         """Pop the next batch: anchored on the oldest item, filled with the nearest lengths."""
@@ -435,9 +462,13 @@ class Batcher(Generic[P]):
         self._batch_seq += 1
         batch_id = self._batch_seq
         try:
-            outputs = await loop.run_in_executor(
+            result = await loop.run_in_executor(
                 self._executor, self._run_batch, [item.payload for item in batch]
             )
+            if isinstance(result, BatchOutput):
+                outputs, runs, errors = result.outputs, result.runs, result.errors
+            else:
+                outputs, runs, errors = result, None, None
             if len(outputs) != len(batch):
                 raise RuntimeError(f"run_batch returned {len(outputs)} rows for {len(batch)} items")
         except asyncio.CancelledError:
@@ -449,22 +480,19 @@ class Batcher(Generic[P]):
             self._fail(batch, InternalError(f"inference failed ({type(exc).__name__})"))
             return
         seconds = self._clock() - started
-        size = len(batch)
-        lengths = [item.length for item in batch]
-        width = max(lengths)
-        padded = size * width
-        stats = self.stats
-        stats.batches += 1
-        stats.items += size
-        stats.max_batch_size_seen = max(stats.max_batch_size_seen, size)
-        stats.padded_tokens += padded
-        stats.padding_tokens += padded - sum(lengths)
-        self._observer.on_batch(size, padded, 1.0 - sum(lengths) / padded, seconds)
+        if runs is None:
+            lengths = [item.length for item in batch]
+            runs = (RunStats(len(batch), len(batch) * max(lengths), sum(lengths), seconds),)
+        self._count_runs(runs)
         self._observer.on_queue_waits([started - item.request.enqueued for item in batch])
         for row, item in enumerate(batch):
             request = item.request
-            if request.future.done():
-                continue  # the caller left while its batch ran
+            future = request.future
+            if future.done():
+                continue  # the caller left while its batch ran, or another of its items failed
+            if errors and row in errors:
+                future.set_exception(errors[row])
+                continue
             if request.outputs is None:
                 request.outputs = np.empty((request.n, *outputs.shape[1:]), outputs.dtype)
             request.outputs[item.row] = outputs[row]
@@ -474,7 +502,20 @@ class Batcher(Generic[P]):
                 request.run_seconds += seconds
             request.remaining -= 1
             if not request.remaining:
-                request.future.set_result(None)
+                future.set_result(None)
+
+    def _count_runs(self, runs: Sequence[RunStats]) -> None:
+        stats, observe = self.stats, self._observer.on_batch
+        for run in runs:
+            if not run.size:
+                continue
+            stats.batches += 1
+            stats.items += run.size
+            stats.max_batch_size_seen = max(stats.max_batch_size_seen, run.size)
+            stats.padded_tokens += run.padded_tokens
+            stats.padding_tokens += run.padded_tokens - run.real_tokens
+            ratio = 1.0 - run.real_tokens / run.padded_tokens if run.padded_tokens else 0.0
+            observe(run.size, run.padded_tokens, ratio, run.seconds)
 
     def _fail(self, batch: list[_Item], exc: Exception) -> None:
         for item in batch:

@@ -10,7 +10,6 @@ Blocking: the repository runs it on an executor thread while the serving version
 from __future__ import annotations
 
 import os
-from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,7 +43,6 @@ def load_version_dir(
     path: Path,
     config: ServerConfig,
     *,
-    tokenize_executor: Executor,
     metrics: Metrics | None,
 ) -> ModelHandle:
     """A warmed-up, not yet started ModelHandle for models/<name>/<version>/ (`path`).
@@ -96,7 +94,6 @@ def load_version_dir(
         tokenizer,
         batcher_config=config.batcher,
         max_texts_per_request=config.max_texts_per_request,
-        tokenize_executor=tokenize_executor,
         inference_workers=config.runtime.inference_threads,
         metrics=metrics,
     )

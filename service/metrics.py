@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -281,6 +282,10 @@ class Metrics:
         self._lock = threading.Lock()
         self._models: set[str] = set()
         self._info: dict[str, tuple[str, str]] = {}
+        # (method, model, code) -> the labelled children observe_request updates: labels() costs
+        # more than an observation, and this runs once per request. Emptied whenever the set
+        # of models changes (remove_model drops the children it holds).
+        self._request_children: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
 
     # -- models --------------------------------------------------------------------------
 
@@ -290,6 +295,7 @@ class Metrics:
             raise ValueError("model name must not be empty")
         with self._lock:
             self._models.add(model)
+            self._request_children.clear()
         for method in METHODS:
             self.request_duration.labels(method, model, "OK")
             self.requests.labels(method, model)
@@ -330,6 +336,7 @@ class Metrics:
         with self._lock:
             self._models.discard(model)
             self._info.pop(model, None)
+            self._request_children.clear()
         for metric in (
             self.request_duration,
             self.queue_duration,
@@ -355,15 +362,32 @@ class Metrics:
 
     def observe_request(self, method: str, model: str, code: str, seconds: float) -> None:
         """Count one finished request: its total, its latency and, if not OK, its failure."""
+        children = self._request_children.get((method, model, code))
+        if children is None:
+            children = self._children(method, model, code)
+        requests, duration, failures = children
+        requests.inc()
+        duration.observe(seconds)
+        if failures is not None:
+            failures.inc()
+
+    def _children(self, method: str, model: str, code: str) -> tuple[Any, Any, Any]:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
         if code not in CODES:
             raise ValueError(f"unknown gRPC status code name {code!r}; expected one of {CODES}")
-        label = self.model_label(model)
-        self.requests.labels(method, label).inc()
-        self.request_duration.labels(method, label, code).observe(seconds)
-        if code != "OK":
-            self.request_failures.labels(method, label, reason_for_code(code)).inc()
+        with self._lock:
+            label = model if model in self._models else UNKNOWN_MODEL
+            children = (
+                self.requests.labels(method, label),
+                self.request_duration.labels(method, label, code),
+                None
+                if code == "OK"
+                else self.request_failures.labels(method, label, reason_for_code(code)),
+            )
+            if label != UNKNOWN_MODEL:  # unknown names are user text: never a cache key
+                self._request_children[(method, model, code)] = children
+        return children
 
     def observe_batch(self, model: str, size: int, tokens: int, padding_ratio: float) -> None:
         """Record one batch: ``size`` items, ``tokens`` padded tokens, wasted fraction."""

@@ -3,26 +3,32 @@
 This is the core API both front ends (textserve.v1 and the Open Inference Protocol) call; see
 docs/architecture.md. Tokenization follows the contract exactly: ids cut to max_length, [UNK]
 for a text with no tokens, [PAD] to the longest in the batch, mask 1 on real tokens.
+
+A request's texts go into the batcher as they are; the inference worker tokenizes a whole batch,
+sorts it by token length and runs it as one or more sub-batches (a split wherever the padding it
+saves costs more than one more onnxruntime run), so a request costs one thread hop, not two, and
+a batch of mixed lengths pads little. The batcher groups texts by an estimate of their token
+count from their length in characters (the characters per token seen so far).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from service.batcher import Batcher, BatchStats
-from service.coalesce import Coalescer
+from service.batcher import Batcher, BatchOutput, BatchStats, RunStats
 from service.config import BatcherConfig
 from service.errors import ValidationError
 from service.manifest import Manifest
+from service.runs import RUN_COST_TOKENS, RUN_COST_TOKENS_OTHER, pad, softmax, split_runs
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -44,11 +50,20 @@ MAX_CHARS_PER_TOKEN = 32
 WARMUP_TEXT = "The quick brown fox jumps over the lazy dog. A gripping, beautifully acted film!"
 
 
+class _Text(NamedTuple):
+    """One text in the batcher's queue (the payload ModelHandle gives it)."""
+
+    text: str
+    truncate: bool
+    position: int  # in its request, for error messages
+    request: object  # the same object for every text of a request
+
+
 @dataclass(frozen=True)
 class Timings:
     queue_seconds: float  # longest wait of any of the texts before its batch started
-    tokenize_seconds: float  # tokenization of the request's texts (with any wait for the tokenizer)
-    inference_seconds: float  # summed run time of the batches that carried the texts
+    tokenize_seconds: float  # tokenization of the batches that carried the texts (the longest)
+    inference_seconds: float  # summed run time of those batches, less the tokenization
     total_seconds: float  # from the call to its answer
 
 
@@ -60,38 +75,25 @@ class ClassifyResult:
     timings: Timings
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float32, stable for large logits."""
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    np.exp(shifted, out=shifted)
-    shifted /= shifted.sum(axis=1, keepdims=True)
-    return shifted
-
-
-def pad(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """input_ids and attention_mask, int64 (B, longest)."""
-    width = max(len(r) for r in rows)
-    ids = np.full((len(rows), width), pad_token_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = row
-        mask[i, : len(row)] = 1
-    return ids, mask
-
-
 class _MetricsObserver:
     """Feeds the batcher's hooks into the Prometheus metrics of one model."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self._metrics = metrics
         self._model = model
+        # The labelled children, looked up once: labels() costs more than the observation.
         self._queue = metrics.queue_duration.labels(model)
+        self._depth = metrics.queue_depth.labels(model)
+        self._size = metrics.batch_size.labels(model)
+        self._tokens = metrics.batch_tokens.labels(model)
+        self._padding = metrics.batch_padding_ratio.labels(model)
+        self._inference = metrics.inference_duration.labels(model)
 
     def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
-        self._metrics.observe_batch(
-            self._model, size, padded_tokens, min(1.0, max(0.0, padding_ratio))
-        )
-        self._metrics.observe_inference(self._model, seconds)
+        self._size.observe(size)
+        self._tokens.observe(padded_tokens)
+        self._padding.observe(min(1.0, max(0.0, padding_ratio)))
+        self._inference.observe(seconds)
 
     def on_queue_waits(self, waits: Sequence[float]) -> None:
         observe = self._queue.observe
@@ -99,7 +101,7 @@ class _MetricsObserver:
             observe(wait)
 
     def on_queue_depth(self, depth: int) -> None:
-        self._metrics.set_queue_depth(self._model, depth)
+        self._depth.set(depth)
 
 
 class ModelHandle:
@@ -114,7 +116,6 @@ class ModelHandle:
         *,
         batcher_config: BatcherConfig,
         max_texts_per_request: int,
-        tokenize_executor: Executor,
         inference_workers: int = 1,
         metrics: Metrics | None = None,
     ) -> None:
@@ -132,15 +133,26 @@ class ModelHandle:
         unk = tokenizer.token_to_id(UNK_TOKEN)
         self._unk_id = manifest.pad_token_id if unk is None else int(unk)
         self._metrics = metrics
-        self._encoder: Coalescer[str, list[int]] = Coalescer(
-            self._encode, tokenize_executor, on_run=self._observe_tokenize
+        self._tokenize = None if metrics is None else metrics.tokenize_duration.labels(self.name)
+        self._run_cost = RUN_COST_TOKENS.get(session.provider, RUN_COST_TOKENS_OTHER)
+        # Characters per token seen so far, for the batcher's length estimate (written by the
+        # inference worker, read on the loop: a float, replaced whole).
+        self._chars_per_token = 4.0
+        # One text's result: what _run_texts returns per row and classify() reads back.
+        self._rows = np.dtype(
+            [
+                ("probabilities", np.float32, (len(self.labels),)),
+                ("num_tokens", np.int64),  # tokens the model saw
+                ("full_tokens", np.int64),  # tokens before truncation
+                ("tokenize_seconds", np.float64),  # tokenization of the text's batch
+            ]
         )
         # Requests that picked this handle and have not finished (tokenizing, queued or running):
         # a retired version is released only once this reaches zero (see drain()).
         self._active = 0
         self._inactive: asyncio.Event | None = None
-        self.batcher: Batcher[list[int]] = Batcher(
-            self._run_batch,
+        self.batcher: Batcher[_Text] = Batcher(
+            self._run_texts,
             batcher_config,
             workers=inference_workers,
             observer=_MetricsObserver(metrics, self.name) if metrics is not None else None,
@@ -159,7 +171,8 @@ class ModelHandle:
                 f"model.onnx gives {logits.shape[-1]} logits but the manifest has "
                 f"{len(self.labels)} labels"
             )
-        sample = self._run_batch([self._encode([WARMUP_TEXT])[0][: self.max_length]])
+        output = self._run_texts([_Text(WARMUP_TEXT, True, 0, None)])
+        sample = output.outputs["probabilities"]
         if sample.shape != (1, len(self.labels)) or not np.isfinite(sample).all():
             raise ValueError(f"model.onnx gives {sample!r} for a sample text")
 
@@ -241,43 +254,26 @@ class ModelHandle:
                     "or shorten the text)"
                 )
             texts = [text[:max_chars] for text in texts]
-        # Queue places are taken before tokenizing: when the queue is full the request is
-        # refused at once, and refusing excess load costs no tokenizer time.
-        self.batcher.reserve(len(texts))
-        try:
-            encoded = await self._encoder.run(texts)
-            tokenized = time.perf_counter()
-            limit = self.max_length
-            payloads: list[list[int]] = []
-            lengths: list[int] = []
-            for index, ids in enumerate(encoded):
-                n = len(ids)
-                if n > limit:
-                    if not truncate:
-                        raise ValidationError(
-                            f"texts[{index}] is {n} tokens long; model {self.name!r} takes at "
-                            f"most {limit} (send truncate=true to cut it, or shorten the text)"
-                        )
-                    ids = ids[:limit]
-                    n = limit
-                payloads.append(ids)
-                lengths.append(n)
-        except BaseException:  # invalid, or the caller went away while tokenizing
-            self.batcher.release(len(texts))
-            raise
-        result = await self.batcher.submit(payloads, lengths, deadline=deadline, reserved=True)
-        full = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
-        num_tokens = np.asarray(lengths, dtype=np.int64)
-        truncated = full > num_tokens
-        truncated[cut] = True  # cut by characters: the model did not see all of the text
+        # Tokenized in the batch, by the inference worker: the queue (and its refusal when full,
+        # before any tokenizing) sees the texts at once, with their length in tokens estimated.
+        limit, per_token = self.max_length, self._chars_per_token
+        payloads = [_Text(text, truncate, index, texts) for index, text in enumerate(texts)]
+        lengths = [min(limit, int(len(text) / per_token) + 1) for text in texts]
+        result = await self.batcher.submit(payloads, lengths, deadline=deadline)
+        rows = result.outputs
+        num_tokens = rows["num_tokens"].astype(np.int64)
+        truncated = rows["full_tokens"] > num_tokens
+        if cut:
+            truncated[cut] = True  # cut by characters: the model did not see all of the text
+        tokenize_seconds = float(rows["tokenize_seconds"].max())
         return ClassifyResult(
-            probabilities=result.outputs,
+            probabilities=np.ascontiguousarray(rows["probabilities"]),
             num_tokens=num_tokens,
             truncated=truncated,
             timings=Timings(
                 queue_seconds=result.queue_seconds,
-                tokenize_seconds=tokenized - started,
-                inference_seconds=result.inference_seconds,
+                tokenize_seconds=tokenize_seconds,
+                inference_seconds=max(0.0, result.inference_seconds - tokenize_seconds),
                 total_seconds=time.perf_counter() - started,
             ),
         )
@@ -304,9 +300,79 @@ class ModelHandle:
         return [enc.ids or unk for enc in self._tokenizer.encode_batch(texts)]
 
     def _run_batch(self, rows: list[list[int]]) -> np.ndarray:
+        """Probabilities for rows of ids (at most max_length each): one onnxruntime run."""
         ids, mask = pad(rows, self._pad_id)
         return softmax(self._session.run(ids, mask))
 
-    def _observe_tokenize(self, items: int, seconds: float) -> None:
-        if self._metrics is not None:
-            self._metrics.observe_tokenize(self.name, seconds)
+    def _run_texts(self, payloads: list[_Text]) -> BatchOutput:
+        """The batcher's run_batch: tokenize, truncate (or refuse), then run the texts sorted by
+        length as sub-batches (see split_runs). One output row per text (see self._rows)."""
+        started = time.perf_counter()
+        encoded = self._encode([p.text for p in payloads])
+        limit = self.max_length
+        out = np.zeros(len(payloads), self._rows)
+        full = out["full_tokens"]
+        errors: dict[int, Exception] | None = None
+        keep: list[int] = []  # rows that run
+        chars = tokens = 0
+        for row, (payload, ids) in enumerate(zip(payloads, encoded, strict=True)):
+            n = full[row] = len(ids)
+            chars += len(payload.text)
+            tokens += n
+            if n > limit:
+                if not payload.truncate:
+                    errors = errors or {}
+                    errors[row] = ValidationError(
+                        f"texts[{payload.position}] is {n} tokens long; model {self.name!r} takes "
+                        f"at most {limit} (send truncate=true to cut it, or shorten the text)"
+                    )
+                    continue
+                encoded[row] = ids[:limit]
+            keep.append(row)
+        if errors:  # a refused request's other texts do not run either
+            refused = {id(payloads[row].request) for row in errors}
+            keep = [row for row in keep if id(payloads[row].request) not in refused]
+        if tokens:
+            self._chars_per_token = max(1.0, chars / tokens)
+        keep.sort(key=lambda row: len(encoded[row]))
+        lengths = [len(encoded[row]) for row in keep]
+        out["num_tokens"][keep] = lengths
+        tokenized = time.perf_counter()
+        out["tokenize_seconds"] = tokenized - started
+        if self._tokenize is not None:
+            self._tokenize.observe(tokenized - started)
+        runs: list[RunStats] = []
+        if not keep:  # every text of the batch was refused
+            return BatchOutput(out, runs, errors)
+        # Padded once, sorted by length; each sub-batch is a slice as wide as its longest text.
+        input_ids, attention_mask = pad([encoded[row] for row in keep], self._pad_id)
+        logits = np.empty((len(keep), len(self.labels)), np.float32)
+        for start, end in self._plan_runs(lengths):
+            run_started = time.perf_counter()
+            width = lengths[end - 1]
+            logits[start:end] = self._session.run(
+                np.ascontiguousarray(input_ids[start:end, :width]),
+                np.ascontiguousarray(attention_mask[start:end, :width]),
+            )
+            runs.append(
+                RunStats(
+                    size=end - start,
+                    padded_tokens=(end - start) * width,
+                    real_tokens=sum(lengths[start:end]),
+                    seconds=time.perf_counter() - run_started,
+                )
+            )
+        out["probabilities"][keep] = softmax(logits)
+        return BatchOutput(out, runs, errors)
+
+    def _plan_runs(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """(start, end) of each sub-batch of `lengths` (ascending): split_runs, then any
+        sub-batch over max_batch_tokens cut into pieces within it (the batcher budgets batches
+        by estimated lengths; this holds every onnxruntime run to the budget in real tokens)."""
+        budget = self.batcher.config.max_batch_tokens
+        plan: list[tuple[int, int]] = []
+        bounds = [0, *split_runs(lengths, self._run_cost), len(lengths)]
+        for start, end in itertools.pairwise(bounds):
+            step = max(1, budget // lengths[end - 1])
+            plan.extend((s, min(end, s + step)) for s in range(start, end, step))
+        return plan

@@ -18,7 +18,6 @@ import asyncio
 import enum
 import logging
 from collections.abc import Iterable
-from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -132,8 +131,6 @@ class ModelRepository:
         self.metrics = metrics
         self.models: dict[str, ModelRecord] = {}
         self.default_model: str | None = None
-        # One tokenizer thread for every model: tokenizers parallelises inside encode_batch.
-        self._tokenize_executor: Executor = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
         # One change at a time (watcher, admin RPCs): loads run one after another, which also
         # keeps a load's CPU use beside serving to one thread.
         self._lock = asyncio.Lock()
@@ -300,9 +297,7 @@ class ModelRepository:
         from service.runtime import DeviceUnavailableError
 
         try:
-            return load_version_dir(
-                path, self.config, tokenize_executor=self._tokenize_executor, metrics=self.metrics
-            )
+            return load_version_dir(path, self.config, metrics=self.metrics)
         except DeviceUnavailableError as exc:
             if not self._started:
                 raise  # at startup: a configuration error with its own message
@@ -501,4 +496,3 @@ class ModelRepository:
             for entry in record.versions.values():
                 if entry.handle is not None:
                     entry.handle, entry.state = None, State.AVAILABLE
-        self._tokenize_executor.shutdown(wait=False, cancel_futures=True)

@@ -60,9 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("metrics-host", "127.0.0.1", "address of the metrics endpoint")
     flag("max-batch-size", "64", "texts per batch", type=int)
     flag("max-batch-tokens", "8192", "padded tokens per batch (texts x longest)", type=int)
-    flag("max-queue-delay-ms", "2", "how long a text may wait for its batch to fill", type=float)
-    flag("max-padding-ratio", "0.25", "padding a batch may have once it holds 8 texts",
-         type=float)  # fmt: skip
+    flag("max-queue-delay-ms", "0", "how long a text may wait for its batch to fill", type=float)
+    flag("max-padding-ratio", "1", "padding a batch may have once it holds 8 texts (1: any; "
+         "each batch runs as length-sorted sub-batches anyway)", type=float)  # fmt: skip
     flag("max-queue-size", "4096", "texts waiting per model before requests are refused", type=int)
     flag("max-texts-per-request", "1024", "texts one request may carry", type=int)
     flag("max-message-bytes", str(4 * 1024 * 1024), "largest request message in bytes; larger "

@@ -26,6 +26,7 @@ from service.decode_guard import DecodeGuard
 from service.metrics import Metrics, MetricsServer, start_metrics_server
 from service.repository import ModelRepository
 from service.security import add_port, auth_interceptors
+from service.tuning import tune_for_serving
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +204,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[Server], None] | None 
             await server.stop(0)
             return 0
         start.result()  # raises when startup failed
+        tune_for_serving()  # GC and thread settings, now that the models are loaded
         if on_ready is not None:
             on_ready(server)
         await stopped

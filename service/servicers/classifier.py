@@ -58,39 +58,37 @@ def build_response(
 ) -> pb.ClassifyResponse:
     probs = result.probabilities
     labels = handle.labels
-    best = probs.argmax(axis=1)
-    best_scores = probs[np.arange(len(probs)), best]
+    # Python lists up front: indexing numpy arrays element by element costs more than the rest.
+    best = probs.argmax(axis=1).tolist()
+    best_scores = probs.max(axis=1).tolist()
+    num_tokens = result.num_tokens.tolist()
+    truncated = result.truncated.tolist()
     top_k = min(int(request.top_k), len(labels))
-    order = np.argsort(-probs, axis=1, kind="stable")[:, :top_k] if top_k else None
-    results = []
-    for i in range(len(probs)):
-        text = pb.TextResult(
+    order = np.argsort(-probs, axis=1, kind="stable")[:, :top_k].tolist() if top_k else None
+    rows = probs.tolist() if order is not None or request.all_scores else None
+    # Built in place (results.add, timing fields): constructor arguments would be copied.
+    response = pb.ClassifyResponse(id=request.id, model=handle.name, model_version=handle.version)
+    add = response.results.add
+    for i in range(len(best)):
+        text = add(
             label=labels[best[i]],
-            score=float(best_scores[i]),
-            num_tokens=int(result.num_tokens[i]),
-            truncated=bool(result.truncated[i]),
+            score=best_scores[i],
+            num_tokens=num_tokens[i],
+            truncated=truncated[i],
         )
-        if order is not None:
-            text.top.extend(
-                pb.LabelScore(label=labels[j], score=float(probs[i, j])) for j in order[i]
-            )
-        if request.all_scores:
-            text.scores.extend(probs[i].tolist())
-        results.append(text)
-    timings = result.timings
-    return pb.ClassifyResponse(
-        id=request.id,
-        model=handle.name,
-        model_version=handle.version,
-        results=results,
-        labels=labels if request.all_scores else (),
-        timing=pb.Timing(
-            queue_seconds=timings.queue_seconds,
-            tokenize_seconds=timings.tokenize_seconds,
-            inference_seconds=timings.inference_seconds,
-            total_seconds=timings.total_seconds,
-        ),
-    )
+        if rows is not None:
+            if order is not None:
+                text.top.extend(pb.LabelScore(label=labels[j], score=rows[i][j]) for j in order[i])
+            if request.all_scores:
+                text.scores.extend(rows[i])
+    if request.all_scores:
+        response.labels.extend(labels)
+    timings, timing = result.timings, response.timing
+    timing.queue_seconds = timings.queue_seconds
+    timing.tokenize_seconds = timings.tokenize_seconds
+    timing.inference_seconds = timings.inference_seconds
+    timing.total_seconds = timings.total_seconds
+    return response
 
 
 class ClassifierServicer(pb_grpc.ClassifierServicer):

@@ -48,6 +48,7 @@ def test_tiny_repository_holds_a_complete_checked_version(
     assert manifest.parity["max_abs_logit_diff"] <= 1e-4
     assert manifest.parity["argmax_agreement"] == 1.0
     assert manifest.extra["optimization"]["onnxruntime_offline_level"] == "basic"
+    assert manifest.extra["graph_form"] == "padding-free"
 
 
 def test_graph_contract_with_dynamic_axes(tiny_repository: Path) -> None:
@@ -69,6 +70,23 @@ def test_published_graph_matches_pytorch_at_other_shapes(
     path = tiny_repository / "tiny" / "1" / MODEL_FILE
     report = validate.assert_parity(path, run.model, inputs, rtol=0.0, atol=1e-4, threads=1)
     assert report.max_abs_logit_diff <= 1e-4 and report.cases == 12
+
+
+def test_published_graph_matches_pytorch_on_any_mask(tiny_repository: Path, tiny_run: Path) -> None:
+    # The server right-pads, but the graph contract allows any 0/1 mask: left padding, rows
+    # with no real token, a whole batch of them (the padding-free graph packs real tokens).
+    run = load_run(tiny_run)
+    rng = np.random.default_rng(7)
+    ids = rng.integers(1, run.config.vocab_size, size=(4, 12), dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[0, :9] = 0  # left padding
+    mask[1, 4:] = 0
+    mask[2] = 0  # no real token: the model gives the head's bias
+    ids[mask == 0] = run.pad_token_id
+    batches = [(ids, mask), (ids[2:3], mask[2:3]), (ids[:2, :1], np.zeros((2, 1), np.int64))]
+    path = tiny_repository / "tiny" / "1" / MODEL_FILE
+    report = validate.assert_parity(path, run.model, batches, rtol=0.0, atol=1e-4, threads=1)
+    assert report.rows == 7 and report.argmax_agreement == 1.0
 
 
 def test_manifest_accuracy_is_what_the_server_would_measure(
@@ -94,10 +112,15 @@ def test_next_export_is_the_next_version(
 ) -> None:
     repo = tmp_path / "models"
     shutil.copytree(tiny_repository, repo)
-    version_dir = onnx_export.export_run(tiny_run, repo, "tiny", threads=1, optimize=False)
+    version_dir = onnx_export.export_run(
+        tiny_run, repo, "tiny", threads=1, optimize=False, padding_free=False
+    )
     assert version_dir == repo / "tiny" / "2"
     manifest = Manifest.read(version_dir)
     assert manifest.version == 2 and manifest.extra["optimization"] is None
+    assert manifest.extra["graph_form"] == "dense"  # the model's own forward, checked as well
+    ops = {n.op_type for n in onnx.load(str(version_dir / MODEL_FILE)).graph.node}
+    assert "NonZero" not in ops
     assert entries(repo / "tiny") == ["1", "2"]
 
 

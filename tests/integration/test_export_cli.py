@@ -27,10 +27,11 @@ def test_export_then_list(
     )
     out = capsys.readouterr().out
     assert out.startswith(f"published {repo}/m/1: fp32, opset 18")
-    assert cli.main(["export", str(tiny_run), "--repository", repo, "--name", "m",
-                     "--quantize", "int8", "--threads", "1", "--json"]) == 0  # fmt: skip
+    assert cli.main(["export", str(tiny_run), "--repository", repo, "--name", "m", "--quantize",
+                     "int8", "--no-padding-free", "--threads", "1", "--json"]) == 0  # fmt: skip
     manifest = json.loads(capsys.readouterr().out)
     assert (manifest["version"], manifest["precision"]) == (2, "int8")
+    assert manifest["extra"]["graph_form"] == "dense"
     assert cli.main(["models", "--repository", repo, "--verify"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [(r[0], r[1], r[2]) for r in rows] == [("m", "1", "fp32"), ("m", "2", "int8")]

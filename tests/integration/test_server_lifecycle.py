@@ -73,11 +73,12 @@ def test_health_is_serving_only_after_warmup(
 def test_drain_reports_not_serving_and_finishes_in_flight_work(tiny_repository: Path) -> None:
     with running_server(tiny_repository, grace=10) as srv:
         handle = srv.server.repository.get()
-        gate = threading.Event()
+        gate, running = threading.Event(), threading.Event()
         session = handle._session
         real_run = session.run
 
         def held_run(*args: object) -> object:
+            running.set()
             gate.wait(60)
             return real_run(*args)  # type: ignore[arg-type]
 
@@ -87,7 +88,8 @@ def test_drain_reports_not_serving_and_finishes_in_flight_work(tiny_repository: 
             assert next(watch).status == SERVING
             stub = pb_grpc.ClassifierStub(channel)
             in_flight = stub.Classify.future(pb.ClassifyRequest(texts=["held"]), timeout=60)
-            poll(lambda: handle.stats().queue_depth == 0, "the batch to start")
+            # (an empty queue would not do: it is empty before the request arrives, too)
+            poll(running.is_set, "the batch to start")
             stopping = srv.run_in_background(srv.server.stop(10))
             assert next(watch).status == NOT_SERVING
             watch.cancel()

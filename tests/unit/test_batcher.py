@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from service.batcher import Batcher, BatchStats
-from service.coalesce import Coalescer
 from service.config import BatcherConfig
 from service.errors import DeadlineExceededError, InternalError, NotReadyError, OverloadedError
 
@@ -310,41 +309,3 @@ def test_stats_mean_batch_size() -> None:
     stats = BatchStats(batches=4, items=10)
     assert stats.mean_batch_size == 2.5
     assert BatchStats().mean_batch_size == 0.0
-
-
-def test_coalescer_joins_callers_into_one_run() -> None:
-    runs: list[list[str]] = []
-    seen: list[tuple[int, float]] = []
-
-    def upper(items: list[str]) -> list[str]:
-        runs.append(items)
-        return [s.upper() for s in items]
-
-    async def main() -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(1) as pool:
-            coalescer: Coalescer[str, str] = Coalescer(
-                upper, pool, on_run=lambda n, s: seen.append((n, s))
-            )
-            results = await asyncio.gather(*(coalescer.run([c, c + c]) for c in "abc"))
-        assert [list(r) for r in results] == [["A", "AA"], ["B", "BB"], ["C", "CC"]]
-        assert sum(len(r) for r in runs) == 6 and len(runs) <= 2
-        assert sum(n for n, _ in seen) == 6
-
-    asyncio.run(main())
-
-
-def test_coalescer_passes_errors_to_every_caller() -> None:
-    def broken(items: list[str]) -> list[str]:
-        raise RuntimeError("tokenizer broke")
-
-    async def main() -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(1) as pool:
-            coalescer: Coalescer[str, str] = Coalescer(broken, pool)
-            with pytest.raises(RuntimeError, match="tokenizer broke"):
-                await coalescer.run(["x"])
-
-    asyncio.run(main())

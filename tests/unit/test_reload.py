@@ -99,16 +99,16 @@ def test_a_new_version_is_served_once_ready_and_the_old_one_released(tmp_path: P
 
 
 def test_a_request_that_picked_the_old_version_finishes_there(tmp_path: Path) -> None:
-    """Even when it is still tokenizing as the switch happens (not yet in the batcher)."""
+    """Even when its batch is still waiting for the model as the switch happens."""
     make_version(tmp_path, "m", 1)
 
     async def body(repository: ModelRepository) -> None:
         gate = threading.Event()
-        # Hold the (single) tokenizer thread: the request below stays in tokenization.
-        blocker = repository._tokenize_executor.submit(gate.wait, 30)
         old = repository.get()
+        # Hold the (single) inference thread: the request below waits for it.
+        blocker = old.batcher._executor.submit(gate.wait, 30)
         request = asyncio.create_task(old.classify(["a good film"]))
-        await asyncio.sleep(0)  # let it start: it is now waiting for the tokenizer
+        await asyncio.sleep(0)  # let it start: it is now waiting for the inference thread
         make_version(tmp_path, "m", 2, seed=1)
         await repository.reconcile()
         assert repository.get().version == 2

@@ -16,6 +16,7 @@ from service.runtime import (
     RuntimeLoadError,
     Session,
     check_granted,
+    disabled_optimizers,
     select_providers,
 )
 from tests.handmade import make_version
@@ -36,6 +37,12 @@ CPU_BUILD = ["AzureExecutionProvider", CPU]
 )
 def test_select_providers(device: str, available: list[str], expected: list[str]) -> None:
     assert select_providers(device, available) == expected
+
+
+def test_skip_layer_norm_fusion_is_left_out_on_cpu_only() -> None:
+    # Its CPU kernel is slower than the two ops it fuses; CUDA's is not.
+    assert disabled_optimizers([CPU]) == ["SkipLayerNormFusion"]
+    assert disabled_optimizers([CUDA, CPU]) == []
 
 
 def test_cuda_without_cuda_is_a_clear_startup_error() -> None:
