@@ -13,13 +13,11 @@ runs without --enable-admin).
 from __future__ import annotations
 
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
 import grpc
 
-from service.client import ClientError
-from service.security import bearer_metadata, open_channel
+from service.client import BlockingClient
+from service.security import open_channel
 from textserve.v1 import admin_pb2 as pb
 from textserve.v1 import admin_pb2_grpc as pb_grpc
 
@@ -28,7 +26,7 @@ from textserve.v1 import admin_pb2_grpc as pb_grpc
 DEFAULT_TIMEOUT = 120.0
 
 
-class AdminClient:
+class AdminClient(BlockingClient):
     """Blocking Admin client over one channel (its own, or `channel` if given). TLS and token
     arguments as for service.client.Client."""
 
@@ -45,12 +43,17 @@ class AdminClient:
         server_name: str | None = None,
         token: str | None = None,
     ) -> None:
-        self.target = target
-        self.timeout = timeout
-        self._metadata = bearer_metadata(token)
-        self._own_channel = channel is None
-        self._channel = channel or open_channel(
-            target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name
+        own = channel is None
+        if channel is None:
+            channel = open_channel(
+                target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name
+            )
+        super().__init__(
+            target,
+            channel,
+            timeout=timeout,
+            token=token,
+            own_channel=own,
         )
         self.stub = pb_grpc.AdminStub(self._channel)
 
@@ -64,24 +67,3 @@ class AdminClient:
 
     def reload_repository(self) -> pb.ReloadRepositoryResponse:
         return self._call(self.stub.ReloadRepository, pb.ReloadRepositoryRequest())
-
-    def _call(self, method: Any, request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise ClientError.from_rpc(exc) from None
-
-    def close(self) -> None:
-        if self._own_channel:
-            self._channel.close()
-
-    def __enter__(self) -> AdminClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

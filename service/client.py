@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import grpc
 
@@ -128,7 +128,48 @@ def to_result(response: pb.ClassifyResponse) -> ClassifyResult:
     )
 
 
-class Client:
+class BlockingClient:
+    """What every blocking client shares: one channel (closed on exit if it opened it), the
+    bearer token sent with each call, a default timeout, and gRPC errors as ClientError."""
+
+    def __init__(
+        self,
+        target: str,
+        channel: grpc.Channel,
+        *,
+        timeout: float | None,
+        token: str | None,
+        own_channel: bool = True,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._metadata = bearer_metadata(token)
+        self._channel = channel
+        self._own_channel = own_channel
+
+    def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+
+    def close(self) -> None:
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Client(BlockingClient):
     """Blocking client over one channel; thread-safe (gRPC channels are)."""
 
     def __init__(
@@ -147,12 +188,10 @@ class Client:
         `key`: a client certificate for mutual TLS; `server_name`: the name to check the
         server's certificate against, if not the target's host; `token`: sent as
         `authorization: Bearer <token>` with every call."""
-        self.target = target
-        self.timeout = timeout
-        self._metadata = bearer_metadata(token)
-        self._channel = open_channel(
+        channel = open_channel(
             target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name, options=_OPTIONS
         )
+        super().__init__(target, channel, timeout=timeout, token=token)
         self.stub = pb_grpc.ClassifierStub(self._channel)
 
     def classify(
@@ -168,13 +207,7 @@ class Client:
         timeout: float | None = None,
     ) -> ClassifyResult:
         request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
-        try:
-            response = self.stub.Classify(
-                request, timeout=timeout or self.timeout, metadata=self._metadata
-            )
-        except grpc.RpcError as exc:
-            raise ClientError.from_rpc(exc) from None
-        return to_result(response)
+        return to_result(self._call(self.stub.Classify, request, timeout))
 
     def list_models(self) -> pb.ListModelsResponse:
         return self._call(self.stub.ListModels, pb.ListModelsRequest())
@@ -183,26 +216,6 @@ class Client:
         return self._call(
             self.stub.GetModel, pb.GetModelRequest(name=name or "", version=version or 0)
         )
-
-    def _call(self, method: Any, request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise ClientError.from_rpc(exc) from None
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class AsyncClient:
