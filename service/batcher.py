@@ -183,7 +183,6 @@ class Batcher(Generic[P]):
         self._buckets: dict[int, deque[_Item]] = {}
         self._count = 0  # items in buckets (dead ones included until popped)
         self._queued_tokens = 0
-        self._reserved = 0  # places held by requests still being tokenized (see reserve())
         self._seq = 0
         self._batch_seq = 0
         self._running_batches = 0
@@ -255,21 +254,9 @@ class Batcher(Generic[P]):
 
     # -- submitting --------------------------------------------------------------------------
 
-    def reserve(self, n: int) -> None:
-        """Hold `n` queue places for a request still being prepared (tokenized), or raise
-        OverloadedError at once: a request the queue cannot take costs no tokenization, so
-        refusing excess load does not eat the capacity that serves the rest.
-        `submit(..., reserved=True)` takes the places over; `release(n)` gives them back."""
-        self._check_room(n)
-        self._reserved += n
-
-    def release(self, n: int) -> None:
-        """Give back places taken by reserve() for a request that will not be submitted."""
-        self._reserved -= n
-
     def _check_room(self, n: int) -> None:
         limit = self.config.max_queue_size
-        waiting = self._count + self._reserved
+        waiting = self._count
         if waiting + n > limit:
             self.stats.rejected_overloaded += 1
             if n > limit:
@@ -288,18 +275,15 @@ class Batcher(Generic[P]):
         lengths: Sequence[int],
         *,
         deadline: float | None = None,
-        reserved: bool = False,
     ) -> BatchResult:
         """Queue one request's items and wait for their outputs.
 
         `deadline` is absolute, on the batcher's clock (time.monotonic()). Raises
         OverloadedError at once when the queue cannot take all items, DeadlineExceededError
-        when the deadline passes first, NotReadyError once closed. `reserved`: the places
-        were taken by reserve(n) (this call takes them over, whatever it raises).
+        when the deadline passes first, NotReadyError once closed. Texts are tokenized by the
+        worker, after they are queued, so a refused request costs no tokenization.
         """
         n = len(payloads)
-        if reserved:
-            self._reserved -= n
         if n == 0 or len(lengths) != n:
             raise ValueError(f"submit needs one length per payload, got {n} and {len(lengths)}")
         if self._closed or self._wakeup is None:
@@ -307,8 +291,7 @@ class Batcher(Generic[P]):
         now = self._clock()
         if deadline is not None and deadline <= now:
             raise DeadlineExceededError("the deadline had passed before the request was queued")
-        if not reserved:
-            self._check_room(n)
+        self._check_room(n)
         loop = asyncio.get_running_loop()
         self._seq += 1
         request = _Request(n, loop.create_future(), now, self._seq)

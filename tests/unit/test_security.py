@@ -10,15 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
 
 from service import client_flags
-from service.batcher import Batcher
 from service.cli import CliError
-from service.config import BatcherConfig, ConfigError, SecurityConfig, ServerConfig
+from service.config import ConfigError, SecurityConfig, ServerConfig
 from service.decode_guard import DecodeGuard, Undecodable, guard, safe_deserializer
-from service.errors import NotReadyError, OverloadedError
 from service.security import (
     OPEN_SERVICES,
     TokenAuthInterceptor,
@@ -262,34 +259,5 @@ def test_the_guard_is_built_once_per_method() -> None:
         first = await interceptor.intercept_service(continuation, Details())  # type: ignore[arg-type]
         again = await interceptor.intercept_service(continuation, Details())  # type: ignore[arg-type]
         assert first is again and first is not handler
-
-    asyncio.run(main())
-
-
-# -- queue reservations ---------------------------------------------------------------------------
-
-
-def test_reserved_places_count_against_the_queue_until_submitted_or_released() -> None:
-    def run_batch(payloads: list[int]) -> np.ndarray:
-        return np.zeros((len(payloads), 1), dtype=np.float32)
-
-    async def main() -> None:
-        batcher: Batcher[int] = Batcher(run_batch, BatcherConfig(max_queue_size=4))
-        batcher.start()
-        batcher.reserve(3)
-        with pytest.raises(OverloadedError, match="3 texts queued"):
-            batcher.reserve(2)
-        with pytest.raises(OverloadedError):
-            await batcher.submit([1, 2], [1, 1])  # unreserved submits see reservations too
-        batcher.reserve(1)
-        batcher.release(1)
-        result = await batcher.submit([1, 2, 3], [1, 1, 1], reserved=True)
-        assert result.outputs.shape == (3, 1)
-        batcher.reserve(4)  # every place is free again
-        await batcher.close()
-        with pytest.raises(NotReadyError):
-            await batcher.submit([1, 2, 3, 4], [1] * 4, reserved=True)
-        assert batcher._reserved == 0  # taken over even when submit refuses
-        assert batcher.stats.rejected_overloaded == 2
 
     asyncio.run(main())
