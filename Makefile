@@ -61,7 +61,7 @@ bench: venv
 	$(PY) -m service.cli bench --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
 	  $(BENCH_ARGS)
 	$(PY) bench/perf_analyzer.py --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
-	  --concurrency 1,4,16,64,128
+	  --concurrency 1,4,16,64,128 --request-rates half-peak
 	$(PY) -m export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \
 	  --json bench/results/export_bench.json
 

@@ -7,6 +7,12 @@ concurrency level, plus the server-side queue/compute split it reads from ModelS
     python bench/perf_analyzer.py --url 127.0.0.1:50051 --model default \\
         --texts runs/<run>/test.jsonl --concurrency 1,2,4,8 --output bench/results
     python bench/perf_analyzer.py --repository models --model default   # starts a server
+    python bench/perf_analyzer.py --repository models --concurrency 1,128 --request-rates half-peak
+
+``--request-rates`` adds open-loop levels: Poisson arrivals at a fixed rate (requests/s), or
+``half-peak`` for half the highest throughput of the concurrency sweep just run. The summary
+line then compares p99 there with p50 at concurrency 1, measured by a C++ client whose own
+latency tail is far shorter than a Python asyncio load generator's on a small machine.
 
 Setup is idempotent (``--setup-only`` does just that): the perf_analyzer that loads on glibc
 2.36 is the one inside the tritonclient 2.51.0 wheel (newer ones need glibc 2.38), so that
@@ -142,7 +148,8 @@ def perf_analyzer_command(
     *,
     url: str,
     model: str,
-    concurrency: int,
+    concurrency: int | None = None,
+    request_rate: float | None = None,
     input_data: Path,
     csv_path: Path,
     request_count: int,
@@ -150,7 +157,15 @@ def perf_analyzer_command(
     stability: int = 25,
     percentile: int | None = None,
 ) -> list[str]:
-    """The perf_analyzer command line for one concurrency level over gRPC."""
+    """The perf_analyzer command line for one level over gRPC: `concurrency` callers (closed
+    loop) or Poisson arrivals at `request_rate` requests/s (open loop)."""
+    if (concurrency is None) == (request_rate is None):
+        raise ValueError("give exactly one of concurrency and request_rate")
+    if request_rate is not None:
+        load = ["--request-rate-range", f"{request_rate:g}:{request_rate:g}"]
+        load += ["--request-distribution", "poisson"]
+    else:
+        load = ["--concurrency-range", f"{concurrency}:{concurrency}"]
     return [
         str(binary),
         "-m",
@@ -163,8 +178,7 @@ def perf_analyzer_command(
         str(batch_size),
         "--input-data",
         str(input_data),
-        "--concurrency-range",
-        f"{concurrency}:{concurrency}",
+        *load,
         # count_windows: each window holds a number of requests, not a stretch of time, which
         # keeps windows comparable on a noisy, shared 2-core machine.
         "--measurement-mode",
@@ -187,10 +201,10 @@ def parse_report(csv_path: Path) -> dict[str, float]:
     """Throughput (texts/s) and latencies (ms) of perf_analyzer's CSV row (µs in the file)."""
     with csv_path.open(newline="") as handle:
         (row,) = list(csv.DictReader(handle))
-    report = {
-        "concurrency": float(row["Concurrency"]),
-        "throughput": float(row["Inferences/Second"]),
-    }
+    load = (
+        ("concurrency", "Concurrency") if "Concurrency" in row else ("request_rate", "Request Rate")
+    )
+    report = {load[0]: float(row[load[1]]), "throughput": float(row["Inferences/Second"])}
     for column in LATENCY_COLUMNS + SERVER_COLUMNS:
         key = column.lower().replace(" latency", "").replace(" ", "_") + "_ms"
         report[key] = float(row[column]) / 1000.0
@@ -200,13 +214,18 @@ def parse_report(csv_path: Path) -> dict[str, float]:
 def format_table(reports: Sequence[dict[str, float]]) -> str:
     """A Markdown table of the reports, ready for the README."""
     lines = [
-        "| concurrency | texts/s | p50 ms | p90 ms | p95 ms | p99 ms "
+        "| load | texts/s | p50 ms | p90 ms | p95 ms | p99 ms "
         "| server queue ms | server infer ms |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in reports:
+        load = (
+            f"c={r['concurrency']:.0f}"
+            if "concurrency" in r
+            else f"{r['request_rate']:.0f}/s Poisson"
+        )
         lines.append(
-            f"| {r['concurrency']:.0f} | {r['throughput']:.1f} | {r['p50_ms']:.2f} | "
+            f"| {load} | {r['throughput']:.1f} | {r['p50_ms']:.2f} | "
             f"{r['p90_ms']:.2f} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | "
             f"{r['server_queue_ms']:.2f} | {r['server_compute_infer_ms']:.2f} |"
         )
@@ -281,6 +300,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--texts", type=Path, help="JSONL/CSV/lines of real texts")
     parser.add_argument("--num-texts", type=int, default=500, help="texts to cycle through")
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels")
+    parser.add_argument(
+        "--request-rates",
+        default="",
+        help="comma-separated Poisson rates (requests/s) after the sweep; 'half-peak' is half "
+        "the sweep's highest throughput",
+    )
     parser.add_argument("--batch-size", type=int, default=1, help="texts per request")
     parser.add_argument("--request-count", type=int, default=300, help="requests per window")
     parser.add_argument("--stability", type=int, default=25, help="allowed variation, %%")
@@ -307,14 +332,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) -> int:
     """perf_analyzer at each concurrency level; the table on stdout, the figures in JSON."""
-    reports = []
-    for level in [int(c) for c in args.concurrency.split(",") if c.strip()]:
-        csv_path = args.output / f"perf_analyzer_c{level}.csv"
+    reports: list[dict[str, float]] = []
+    levels: list[tuple[str, float]] = [
+        ("concurrency", int(c)) for c in args.concurrency.split(",") if c.strip()
+    ]
+    levels += [("request_rate", r) for r in _rates(args.request_rates)]
+    for kind, value in levels:
+        if value == HALF_PEAK:
+            peak = max((r["throughput"] for r in reports), default=0.0)
+            if peak <= 0:
+                sys.stderr.write("--request-rates half-peak needs a concurrency sweep first\n")
+                return 2
+            value = round(peak / 2 / args.batch_size, 1)
+        tag = f"c{value:g}" if kind == "concurrency" else f"r{value:g}"
+        csv_path = args.output / f"perf_analyzer_{tag}.csv"
         command = perf_analyzer_command(
             binary,
             url=url,
             model=args.model,
-            concurrency=level,
+            concurrency=int(value) if kind == "concurrency" else None,
+            request_rate=value if kind == "request_rate" else None,
             input_data=input_data,
             csv_path=csv_path,
             request_count=args.request_count,
@@ -346,8 +383,49 @@ def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) ->
     summary = args.output / "perf_analyzer.json"
     summary.write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
     print(format_table(reports))
+    ratio = tail_ratio(reports)
+    if ratio is not None:
+        print(
+            f"p99 at {ratio['request_rate']:.0f} requests/s (Poisson) / p50 at concurrency 1: "
+            f"{ratio['p99_ms']:.2f} / {ratio['p50_ms']:.2f} ms = {ratio['ratio']:.1f}x"
+        )
     print(f"wrote {summary}")
     return 0
+
+
+HALF_PEAK = -1.0  # stands for 'half-peak' in the list of rates
+
+
+def _rates(text: str) -> list[float]:
+    rates = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part == "half-peak":
+            rates.append(HALF_PEAK)
+            continue
+        try:
+            rate = float(part)
+        except ValueError:
+            raise SystemExit(f"--request-rates: {part!r} is not a number or 'half-peak'") from None
+        if rate <= 0:
+            raise SystemExit(f"--request-rates: {part!r} must be positive")
+        rates.append(rate)
+    return rates
+
+
+def tail_ratio(reports: Sequence[dict[str, float]]) -> dict[str, float] | None:
+    """p99 at the first open-loop rate over p50 at concurrency 1, when both were measured."""
+    one = next((r for r in reports if r.get("concurrency") == 1), None)
+    rate = next((r for r in reports if "request_rate" in r), None)
+    if one is None or rate is None or one["p50_ms"] <= 0:
+        return None
+    return {
+        "request_rate": rate["request_rate"],
+        "p99_ms": rate["p99_ms"],
+        "p50_ms": one["p50_ms"],
+        "ratio": rate["p99_ms"] / one["p50_ms"],
+    }
 
 
 if __name__ == "__main__":

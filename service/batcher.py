@@ -18,6 +18,15 @@ is free: a lone request never waits, and under load batches still form, from the
 queued while the previous batch ran. A positive delay trades latency for larger batches when the
 load is light. Items whose caller cancelled or whose deadline passed are dropped before
 inference. The queue is bounded: a request that does not fit is refused at once.
+
+Threads: the event loop queues items and hands results back; the executor thread runs batches
+back to back. When a batch finishes, the thread itself takes the next one that is due (under
+`_lock`, the one lock of the queue) and posts the finished batch's results to the loop, so the
+model never waits for the loop. Measured before this (default model, 2 cores, 128 callers): the
+loop, busy with gRPC, took ~10 ms to come back for the next batch after each ~35 ms batch, and
+the inference thread idled 22% of the time with work queued (27% at 16 callers). Only the loop
+touches futures, timers and observers; the thread reads a future's done() (to drop a cancelled
+item) and asks the loop to fail expired ones.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -193,6 +203,10 @@ class Batcher(Generic[P]):
         self._resumed: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Guards the queue (_buckets, _count, _queued_tokens) between the loop, which adds and
+        # takes items, and the executor thread, which takes the next batch itself (see _chain).
+        self._lock = threading.Lock()
+        self._stopping = False  # set when the workers are cancelled: chains take no more
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -235,6 +249,7 @@ class Batcher(Generic[P]):
                 logger.warning(
                     "%s: %d queued texts left after the grace period", self.name, self._count
                 )
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -296,15 +311,16 @@ class Batcher(Generic[P]):
         self._seq += 1
         request = _Request(n, loop.create_future(), now, self._seq)
         buckets = self._buckets
-        for index in range(n):
-            length = lengths[index]
-            key = (length - 1) // BUCKET_WIDTH
-            bucket = buckets.get(key)
-            if bucket is None:
-                bucket = buckets[key] = deque()
-            bucket.append(_Item(request, index, length, payloads[index]))
-            self._queued_tokens += length
-        self._count += n
+        with self._lock:
+            for index in range(n):
+                length = lengths[index]
+                key = (length - 1) // BUCKET_WIDTH
+                bucket = buckets.get(key)
+                if bucket is None:
+                    bucket = buckets[key] = deque()
+                bucket.append(_Item(request, index, length, payloads[index]))
+                self._queued_tokens += length
+            self._count += n
         self._observer.on_queue_depth(self._count)
         self._wake()
         if deadline is not None:
@@ -337,7 +353,8 @@ class Batcher(Generic[P]):
         loop = asyncio.get_running_loop()
         while True:
             await self._wait_for_batch()
-            batch = self._take_batch(self._clock())
+            with self._lock:
+                batch = self._take_batch(self._clock(), self._expire)
             self._observer.on_queue_depth(self._count)
             if not batch:
                 self._notify_idle()
@@ -372,7 +389,8 @@ class Batcher(Generic[P]):
                 or self._queued_tokens >= config.max_batch_tokens
             ):
                 return
-            oldest = min(bucket[0].request.enqueued for bucket in self._buckets.values())
+            with self._lock:  # another worker's thread may be taking items
+                oldest = min(bucket[0].request.enqueued for bucket in self._buckets.values())
             wait = oldest + config.max_queue_delay - self._clock()
             if wait <= 0:
                 return
@@ -384,8 +402,23 @@ class Batcher(Generic[P]):
             finally:
                 timer.cancel()
 
-    def _take_batch(self, now: float) -> list[_Item]:
-        """Pop the next batch: anchored on the oldest item, filled with the nearest lengths."""
+    def _due(self, now: float) -> bool:
+        """Whether a batch should start now (the executor thread's test; see _wait_for_batch)."""
+        config = self.config
+        if not self._count or not (self._resumed is not None and self._resumed.is_set()):
+            return False
+        if (
+            self._flushing
+            or self._count >= config.max_batch_size
+            or self._queued_tokens >= config.max_batch_tokens
+        ):
+            return True
+        oldest = min(bucket[0].request.enqueued for bucket in self._buckets.values())
+        return oldest + config.max_queue_delay <= now
+
+    def _take_batch(self, now: float, expire: Callable[[_Request], None]) -> list[_Item]:
+        """Pop the next batch: anchored on the oldest item, filled with the nearest lengths.
+        Call with _lock held; `expire` fails a request whose deadline passed."""
         if not self._buckets:
             return []
         buckets = self._buckets
@@ -409,7 +442,7 @@ class Batcher(Generic[P]):
                     continue
                 if request.deadline is not None and request.deadline <= now:
                     self._pop(bucket, item)
-                    self._expire(request)
+                    expire(request)
                     self.stats.dropped_deadline += 1
                     continue
                 width = max(longest, item.length)
@@ -441,28 +474,78 @@ class Batcher(Generic[P]):
             self.stats.dropped_cancelled += 1
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> None:
-        started = self._clock()
+        running = [batch]  # the chain's current batch, kept up to date by the thread
+        try:
+            await loop.run_in_executor(self._executor, self._chain, loop, running)
+        except asyncio.CancelledError:
+            self._stopping = True
+            with self._lock:
+                current = running[0]
+            self._fail(current, NotReadyError(f"model {self.name!r} stopped during inference"))
+            raise
+
+    def _chain(self, loop: asyncio.AbstractEventLoop, running: list[list[_Item]]) -> None:
+        """Executor thread: run `running[0]`, post its results to the loop, and go on with the
+        next batch while one is due. Returns when none is (the loop's worker waits for one)."""
+
+        def expire(request: _Request) -> None:
+            loop.call_soon_threadsafe(self._expire, request)
+
+        batch = running[0]
+        while True:
+            started = self._clock()
+            try:
+                result: np.ndarray | BatchOutput | None = self._run_batch(
+                    [item.payload for item in batch]
+                )
+                failure: Exception | None = None
+            except Exception as exc:  # reported by _deliver, on the loop
+                result, failure = None, exc
+            finished = self._clock()
+            with self._lock:
+                nxt = (
+                    self._take_batch(finished, expire)
+                    if not self._stopping and self._due(finished)
+                    else []
+                )
+                running[0] = nxt
+            try:
+                loop.call_soon_threadsafe(self._deliver, batch, result, failure, started, finished)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+            if not nxt:
+                return
+            batch = nxt
+
+    def _deliver(
+        self,
+        batch: list[_Item],
+        result: np.ndarray | BatchOutput | None,
+        failure: Exception | None,
+        started: float,
+        finished: float,
+    ) -> None:
+        """On the loop: hand a finished batch's rows to its callers and count it."""
+        self._observer.on_queue_depth(self._count)
         self._batch_seq += 1
         batch_id = self._batch_seq
-        try:
-            result = await loop.run_in_executor(
-                self._executor, self._run_batch, [item.payload for item in batch]
-            )
+        if failure is None and result is not None:
             if isinstance(result, BatchOutput):
                 outputs, runs, errors = result.outputs, result.runs, result.errors
             else:
                 outputs, runs, errors = result, None, None
             if len(outputs) != len(batch):
-                raise RuntimeError(f"run_batch returned {len(outputs)} rows for {len(batch)} items")
-        except asyncio.CancelledError:
-            self._fail(batch, NotReadyError(f"model {self.name!r} stopped during inference"))
-            raise
-        except Exception as exc:
+                failure = RuntimeError(
+                    f"run_batch returned {len(outputs)} rows for {len(batch)} items"
+                )
+        if failure is not None or result is None:
             # Logged once here rather than once per caller; callers get a ServiceError.
-            logger.exception("%s: inference failed for a batch of %d", self.name, len(batch))
-            self._fail(batch, InternalError(f"inference failed ({type(exc).__name__})"))
+            logger.error(
+                "%s: inference failed for a batch of %d", self.name, len(batch), exc_info=failure
+            )
+            self._fail(batch, InternalError(f"inference failed ({type(failure).__name__})"))
             return
-        seconds = self._clock() - started
+        seconds = finished - started
         if runs is None:
             lengths = [item.length for item in batch]
             runs = (RunStats(len(batch), len(batch) * max(lengths), sum(lengths), seconds),)
@@ -506,6 +589,10 @@ class Batcher(Generic[P]):
                 item.request.future.set_exception(exc)
 
     def _pop_all(self) -> int:
+        with self._lock:
+            return self._pop_all_locked()
+
+    def _pop_all_locked(self) -> int:
         left = 0
         for bucket in self._buckets.values():
             for item in bucket:

@@ -22,7 +22,11 @@ def perf_analyzer() -> Path:
 
 
 def test_perf_analyzer_reports_every_concurrency_level(
-    perf_analyzer: Path, tiny_repository: Path, tiny_run: Path, tmp_path: Path
+    perf_analyzer: Path,
+    tiny_repository: Path,
+    tiny_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The `make bench` path: the script starts `textserve serve` itself, then sweeps."""
     model = "tiny"
@@ -31,7 +35,7 @@ def test_perf_analyzer_reports_every_concurrency_level(
             *("--repository", str(tiny_repository), "--model", model),
             *("--server-args", "--intra-op-threads 1"),
             *("--texts", str(tiny_run / "test.jsonl"), "--num-texts", "50"),
-            *("--concurrency", "1,2", "--request-count", "40"),
+            *("--concurrency", "1,2", "--request-rates", "half-peak", "--request-count", "40"),
             # Stability is not what this test checks; a busy CI machine must not fail it.
             *("--stability", "100", "--output", str(tmp_path), "--tools", str(TOOLS)),
             *("--level-timeout", "120"),
@@ -39,7 +43,14 @@ def test_perf_analyzer_reports_every_concurrency_level(
     )
     assert status == 0, (tmp_path / "perf_analyzer_server.log").read_text()
     reports = json.loads((tmp_path / "perf_analyzer.json").read_text())
-    assert [r["concurrency"] for r in reports] == [1, 2]
+    closed, (open_loop,) = reports[:2], reports[2:]
+    assert [r["concurrency"] for r in closed] == [1, 2]
+    # The open-loop level runs Poisson arrivals at half the sweep's best throughput.
+    peak = max(r["throughput"] for r in closed)
+    assert open_loop["request_rate"] == pytest.approx(peak / 2, abs=0.1)
+    ratio = open_loop["p99_ms"] / closed[0]["p50_ms"]
+    out = capsys.readouterr().out
+    assert "(Poisson) / p50 at concurrency 1: " in out and f"= {ratio:.1f}x" in out
     for report in reports:
         assert report["throughput"] > 0
         assert 0 < report["p50_ms"] <= report["p90_ms"] <= report["p95_ms"] <= report["p99_ms"]

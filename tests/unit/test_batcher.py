@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -309,3 +310,28 @@ def test_stats_mean_batch_size() -> None:
     stats = BatchStats(batches=4, items=10)
     assert stats.mean_batch_size == 2.5
     assert BatchStats().mean_batch_size == 0.0
+
+
+def test_the_inference_thread_goes_on_to_the_next_batch_without_the_loop() -> None:
+    # The loop is busy (here: blocked) when a batch finishes; the executor thread takes the
+    # next due batch itself instead of idling until the loop comes back to hand it one.
+    started: list[int] = []
+
+    def model(payloads: list[int]) -> np.ndarray:
+        started.extend(payloads)
+        time.sleep(0.02)
+        return np.ones((len(payloads), 1))
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(max_batch_size=1))
+        batcher.start()
+        calls = [asyncio.create_task(batcher.submit([i], [1])) for i in range(3)]
+        await wait_until(lambda: bool(started))
+        time.sleep(0.5)  # the loop does something else for a while
+        assert started == [0, 1, 2]  # all three ran meanwhile, back to back
+        results = await asyncio.gather(*calls)
+        assert [r.outputs.shape for r in results] == [(1, 1)] * 3
+        assert batcher.stats.batches == 3
+        await batcher.close()
+
+    asyncio.run(main())
