@@ -35,6 +35,13 @@ from service.manifest import MODEL_FILE, Manifest, ManifestError, sha256_file
 
 Predict = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
+RATIO_PAIRS = {  # label -> (numerator engine, denominator engine)
+    "onnxruntime/pytorch fp32": ("onnxruntime fp32", "pytorch fp32"),
+    "onnxruntime/pytorch int8": ("onnxruntime int8", "pytorch int8"),
+    "int8/fp32 onnxruntime": ("onnxruntime int8", "onnxruntime fp32"),
+    "int8/fp32 pytorch": ("pytorch int8", "pytorch fp32"),
+}
+
 
 @dataclass
 class Measurement:
@@ -62,14 +69,8 @@ class BenchResult:
     def ratios(self) -> dict[str, float]:
         """Speed ratios and int8 accuracy changes (points) per batch size."""
         out: dict[str, float] = {}
-        pairs = {
-            "onnxruntime/pytorch fp32": ("onnxruntime fp32", "pytorch fp32"),
-            "onnxruntime/pytorch int8": ("onnxruntime int8", "pytorch int8"),
-            "int8/fp32 onnxruntime": ("onnxruntime int8", "onnxruntime fp32"),
-            "int8/fp32 pytorch": ("pytorch int8", "pytorch fp32"),
-        }
         for b in sorted({m.batch_size for m in self.measurements}):
-            for label, (num, den) in pairs.items():
+            for label, (num, den) in RATIO_PAIRS.items():
                 a, c = self.get(num, b), self.get(den, b)
                 if a and c and c.texts_per_second > 0:
                     out[f"{label} @ batch {b}"] = a.texts_per_second / c.texts_per_second
@@ -78,8 +79,27 @@ class BenchResult:
                 out[f"int8 accuracy change (points) @ batch {b}"] = (a.accuracy - c.accuracy) * 100
         return out
 
+    def round_ratios(self) -> dict[str, tuple[float, float, float]]:
+        """(min, median, max) over rounds of each speed ratio, taken round by round: engines run
+        in turn within a round, so a round's ratio compares like with like when the machine's
+        speed drifts between rounds; the spread shows how far one run can be trusted."""
+        out: dict[str, tuple[float, float, float]] = {}
+        for b in sorted({m.batch_size for m in self.measurements}):
+            for label, (num, den) in RATIO_PAIRS.items():
+                a, c = self.get(num, b), self.get(den, b)
+                if not (a and c) or len(a.rounds) != len(c.rounds) or not a.rounds:
+                    continue
+                per_round = sorted(x / y for x, y in zip(a.rounds, c.rounds, strict=True) if y > 0)
+                if per_round:
+                    out[f"{label} @ batch {b}"] = (
+                        per_round[0],
+                        statistics.median(per_round),
+                        per_round[-1],
+                    )
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ratios": self.ratios()}
+        return {**asdict(self), "ratios": self.ratios(), "round_ratios": self.round_ratios()}
 
 
 def run_benchmark(
@@ -89,7 +109,7 @@ def run_benchmark(
     name: str = "default",
     batch_sizes: Sequence[int] = (1, 32),
     threads: int = 1,
-    rounds: int = 5,
+    rounds: int = 9,
     min_seconds: float = 0.3,
     max_texts: int | None = None,
     progress: Callable[[str], None] | None = None,
@@ -249,11 +269,16 @@ def format_report(result: BenchResult) -> str:
             f"{x.batch_size:>5}  {x.engine:<17} {x.texts_per_second:9.1f}  {ratio:14.2f}x  "
             f"{x.accuracy:.2%}"
         )
-    lines.append("ratios:")
-    lines += [
-        f"  {k}: {v:+.2f}" if "points" in k else f"  {k}: {v:.2f}x"
-        for k, v in result.ratios().items()
-    ]
+    lines.append(
+        "ratios (of the median rounds; in brackets min / median / max of the ratio round by round):"
+    )
+    spread = result.round_ratios()
+    for k, v in result.ratios().items():
+        if "points" in k:
+            lines.append(f"  {k}: {v:+.2f}")
+            continue
+        low, mid, high = spread.get(k, (v, v, v))
+        lines.append(f"  {k}: {v:.2f}x  [{low:.2f} / {mid:.2f} / {high:.2f}]")
     return "\n".join(lines)
 
 
@@ -264,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", default="default", help="model name in --repository (default)")
     parser.add_argument("--batch-sizes", default="1,32", help="comma-separated (1,32)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per engine (1)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds; the median counts")
+    parser.add_argument("--rounds", type=int, default=9, help="timed rounds; the median counts")
     parser.add_argument("--min-seconds", type=float, default=0.3, help="per engine per round")
     parser.add_argument("--max-texts", type=int, help="use only the first N test texts")
     parser.add_argument("--json", type=Path, help="also write the results here")

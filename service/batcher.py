@@ -476,17 +476,21 @@ class Batcher(Generic[P]):
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> None:
         running = [batch]  # the chain's current batch, kept up to date by the thread
         try:
-            await loop.run_in_executor(self._executor, self._chain, loop, running)
+            last = await loop.run_in_executor(self._executor, self._chain, loop, running)
         except asyncio.CancelledError:
             self._stopping = True
             with self._lock:
                 current = running[0]
             self._fail(current, NotReadyError(f"model {self.name!r} stopped during inference"))
             raise
+        self._deliver(*last)
 
-    def _chain(self, loop: asyncio.AbstractEventLoop, running: list[list[_Item]]) -> None:
-        """Executor thread: run `running[0]`, post its results to the loop, and go on with the
-        next batch while one is due. Returns when none is (the loop's worker waits for one)."""
+    def _chain(
+        self, loop: asyncio.AbstractEventLoop, running: list[list[_Item]]
+    ) -> tuple[list[_Item], np.ndarray | BatchOutput | None, Exception | None, float, float]:
+        """Executor thread: run `running[0]`; while another batch is due, take it, post the
+        finished one's results to the loop and run it. The last batch's results are returned
+        (the loop's worker delivers them: one wake-up of the loop per batch when idle)."""
 
         def expire(request: _Request) -> None:
             loop.call_soon_threadsafe(self._expire, request)
@@ -508,13 +512,14 @@ class Batcher(Generic[P]):
                     if not self._stopping and self._due(finished)
                     else []
                 )
-                running[0] = nxt
+                if nxt:
+                    running[0] = nxt
+            if not nxt:
+                return batch, result, failure, started, finished
             try:
                 loop.call_soon_threadsafe(self._deliver, batch, result, failure, started, finished)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
-                return
-            if not nxt:
-                return
+                return nxt, None, NotReadyError("the event loop closed"), finished, finished
             batch = nxt
 
     def _deliver(

@@ -36,7 +36,9 @@ def test_every_engine_at_every_batch_size(tiny_run: Path) -> None:
     assert {"onnxruntime/pytorch fp32 @ batch 1", "int8/fp32 onnxruntime @ batch 4"} <= set(ratios)
     assert any("round 2/2" in msg for msg in messages)  # progress is reported
     report = bench.format_report(result)
-    assert "onnxruntime int8" in report and "ratios:" in report
+    assert "onnxruntime int8" in report and "ratios (of the median rounds" in report
+    low, mid, high = result.round_ratios()["int8/fp32 onnxruntime @ batch 4"]
+    assert 0 < low <= mid <= high
     json.dumps(result.to_dict())  # serialisable for --json
 
 

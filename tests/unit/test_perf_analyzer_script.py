@@ -12,6 +12,7 @@ from bench.perf_analyzer import (
     load_texts,
     parse_report,
     perf_analyzer_command,
+    tail_ratio,
     write_input_data,
 )
 
@@ -85,4 +86,38 @@ def test_report_is_in_milliseconds_and_tabulates(tmp_path: Path) -> None:
     assert (report["p50_ms"], report["p99_ms"]) == pytest.approx((11.411, 32.637))
     assert report["server_compute_infer_ms"] == pytest.approx(5.599)
     table = format_table([report])
-    assert table.splitlines()[2] == "| 2 | 1273.4 | 11.41 | 15.50 | 18.04 | 32.64 | 2.12 | 5.60 |"
+    assert table.splitlines()[2] == "| c=2 | 1273.4 | 11.41 | 15.50 | 18.04 | 32.64 | 2.12 | 5.60 |"
+
+
+def test_a_request_rate_runs_poisson_arrivals_and_is_compared_with_one_caller(
+    tmp_path: Path,
+) -> None:
+    command = perf_analyzer_command(
+        Path("pa"),
+        url="127.0.0.1:1",
+        model="m",
+        request_rate=560.5,
+        input_data=Path("in.json"),
+        csv_path=Path("out.csv"),
+        request_count=300,
+    )
+    joined = " ".join(command)
+    assert "--request-rate-range 560.5:560.5 --request-distribution poisson" in joined
+    assert "--concurrency-range" not in joined
+    with pytest.raises(ValueError, match="exactly one"):
+        perf_analyzer_command(
+            Path("pa"), url="u", model="m", concurrency=1, request_rate=2.0,
+            input_data=Path("i"), csv_path=Path("o"), request_count=1,
+        )  # fmt: skip
+    # The CSV of a rate level names its first column "Request Rate".
+    path = tmp_path / "r560.csv"
+    path.write_text(CSV.replace("Concurrency,", "Request Rate,").replace("\n2,", "\n560,"))
+    rate = parse_report(path)
+    assert rate["request_rate"] == 560 and "concurrency" not in rate
+    assert format_table([rate]).splitlines()[2].startswith("| 560/s Poisson | 1273.4 |")
+    one = {"concurrency": 1.0, "p50_ms": 2.5, "p99_ms": 4.0, "throughput": 400.0}
+    assert tail_ratio([one, rate]) == {
+        "request_rate": 560.0, "p99_ms": pytest.approx(32.637), "p50_ms": 2.5,
+        "ratio": pytest.approx(32.637 / 2.5),
+    }  # fmt: skip
+    assert tail_ratio([rate]) is None  # no one-caller level to compare with
