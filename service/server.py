@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -132,6 +133,38 @@ class Server:
             self.metrics_server.close()
 
 
+class DrainingHealthServicer(HealthServicer):
+    """grpc.health.v1 as grpc_health's servicer, except that a Watch stream ends once the server
+    drains: the watcher gets NOT_SERVING, then the stream closes with OK. With the stock
+    servicer an open Watch (a load balancer's or a sidecar's) is an RPC in flight that holds
+    `server.stop(grace)` until the grace period runs out and is then cancelled."""
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
+        condition = self._server_watchers[request.service]
+        last = None
+        try:
+            async with condition:
+                while True:
+                    status = self._server_status.get(
+                        request.service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+                    )
+                    if status != last:
+                        await context.write(health_pb2.HealthCheckResponse(status=status))
+                        last = status
+                    if self._gracefully_shutting_down:
+                        return
+                    await condition.wait()
+        finally:
+            self._server_watchers.pop(request.service, None)  # as the stock servicer does
+
+    async def enter_graceful_shutdown(self) -> None:
+        await super().enter_graceful_shutdown()
+        # Watchers of a name that has no status (SERVICE_UNKNOWN) were not notified above.
+        for condition in list(self._server_watchers.values()):
+            async with condition:
+                condition.notify_all()
+
+
 def create_server(
     config: ServerConfig,
     *,
@@ -159,7 +192,7 @@ def create_server(
     names: list[str] = []
     for register in [*registers, *extra_services]:
         names.extend(register(grpc_server, ctx))
-    health = HealthServicer()
+    health = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, grpc_server)
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
     reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], grpc_server)

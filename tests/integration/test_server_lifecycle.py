@@ -194,3 +194,18 @@ def test_metrics_endpoint_counts_requests(tiny_repository: Path) -> None:
     labels = {"model": model, "version": version, "provider": "CPUExecutionProvider"}
     assert srv.metrics.registry.get_sample_value("textserve_model_info", labels) == 1
     assert "textserve_model_info{" in text
+
+
+def test_an_open_health_watch_does_not_hold_shutdown(tiny_repository: Path) -> None:
+    # A load balancer watching health: on drain it hears NOT_SERVING, then its stream ends, so
+    # stop() does not wait out the grace period (60 s here) for it.
+    with running_server(tiny_repository, grace=60) as srv, srv.channel() as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        watch = health.Watch(health_pb2.HealthCheckRequest())
+        unknown = health.Watch(health_pb2.HealthCheckRequest(service="no.such.Service"))
+        assert next(watch).status == SERVING
+        assert next(unknown).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        stopping = srv.run_in_background(srv.server.stop(60))
+        assert [r.status for r in watch] == [NOT_SERVING]  # then the stream ends
+        assert list(unknown) == []  # ended without a status change to report
+        stopping.result(timeout=30)  # not 60: nothing was left in flight
