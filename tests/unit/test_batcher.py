@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -332,6 +333,55 @@ def test_the_inference_thread_goes_on_to_the_next_batch_without_the_loop() -> No
         results = await asyncio.gather(*calls)
         assert [r.outputs.shape for r in results] == [(1, 1)] * 3
         assert batcher.stats.batches == 3
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_many_callers_two_inference_threads_deadlines_and_cancellations() -> None:
+    # The queue is shared by the loop and the executor threads (which take batches themselves):
+    # under mixed traffic every caller gets its own rows or its own error, and nothing is lost.
+    rng = random.Random(0)
+
+    def model(payloads: list[int]) -> np.ndarray:
+        time.sleep(rng.random() * 0.002)
+        return np.asarray(payloads, dtype=np.float64).reshape(-1, 1)
+
+    async def main() -> None:
+        config = BatcherConfig(max_batch_size=8, max_batch_tokens=64, max_queue_size=10_000)
+        batcher: Batcher[int] = Batcher(model, config, workers=2, name="stress")
+        batcher.start()
+        loop = asyncio.get_running_loop()
+        outcomes: list[str] = []
+
+        async def caller(c: int) -> None:
+            for r in range(8):
+                n = rng.randint(1, 4)
+                payloads = [c * 1000 + r * 10 + i for i in range(n)]
+                lengths = [rng.randint(1, 16) for _ in range(n)]
+                kind = rng.choice(["plain", "plain", "deadline", "cancel"])
+                deadline = loop.time() + rng.random() * 0.01 if kind == "deadline" else None
+                task = asyncio.ensure_future(batcher.submit(payloads, lengths, deadline=deadline))
+                if kind == "cancel":
+                    await asyncio.sleep(rng.random() * 0.003)
+                    task.cancel()
+                try:
+                    result = await task
+                except DeadlineExceededError:
+                    assert kind == "deadline"
+                    outcomes.append("expired")
+                except asyncio.CancelledError:
+                    assert kind == "cancel"
+                    outcomes.append("cancelled")
+                else:
+                    assert result.outputs[:, 0].tolist() == payloads  # its own rows, in order
+                    outcomes.append("ok")
+
+        await asyncio.gather(*(caller(c) for c in range(50)))
+        snapshot = batcher.snapshot()
+        assert len(outcomes) == 400 and outcomes.count("ok") >= 150
+        assert snapshot.queue_depth == 0 and batcher._queued_tokens == 0
+        assert snapshot.batches >= 1 and snapshot.max_batch_size_seen <= 8
         await batcher.close()
 
     asyncio.run(main())
