@@ -9,15 +9,19 @@ split at batch 32: 49% real tokens) and the position-wise layers (QKV and output
 feed-forward, LayerNorm: ~94% of the matmul FLOPs at T = 48) compute it for nothing. This
 module gives the same logits from the same weights (it shares the model's modules) but runs
 those layers on the N real tokens only, packed as one (1, N, C) sequence. Attention, which
-mixes the tokens of one text, goes back to the (B, T) grid by a gather and out again by another.
+mixes the tokens of one text, runs on the (B, H, T, D) grid: q, k and v are gathered there
+straight from the packed projection's rows of D values, and the result is gathered straight
+back into packed tokens (no split, no transposes: measured 1.15x the fp32 graph that gathered
+(B, T, 3C), split and transposed, and 1.37x vs 1.13x for int8 over fp32, at batch 32).
 
 Two more things keep onnxruntime on its fast paths; see `_attend`. Eval only: dropout is left out.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 from torch import nn
@@ -70,13 +74,27 @@ class PaddingFreeClassifier(nn.Module):
         slot = (torch.cumsum(flat.to(torch.int64), dim=0) - 1).clamp(min=0)  # (B*T,)
         key = computed.unsqueeze(1).unsqueeze(2).to(m.tok_emb.weight.dtype)  # (B, 1, 1, T)
         key_bias = (1.0 - key) * torch.finfo(key.dtype).min  # 0 on real keys, min on padding
+        # Row numbers for attention (the same for every layer). A QKV projection of the packed
+        # tokens, seen as rows of D values, holds token n's q for head j at row n*3H + j, its k
+        # at n*3H + H + j and its v at n*3H + 2H + j (the layout MultiHeadSelfAttention's
+        # view(..., 3, H, D) reads). `grid`: for each (b, j, t), that row of the token at grid
+        # position (b, t) (slot: padding reads a real token, masked as a key). `back`: for each
+        # packed token and head, its row in the (B, H, T, D) attention output.
+        h = m.config.n_heads
+        heads = torch.arange(h, device=input_ids.device)
+        grid = (slot.view(b, 1, t) * (3 * h) + heads.view(1, h, 1)).reshape(-1)  # (B*H*T,)
+        arange = functools.partial(torch.arange, device=input_ids.device)
+        back = arange(b).view(b, 1, 1) * (h * t) + heads.view(1, 1, h) * t + arange(t).view(1, t, 1)
+        # (N, H), built without // or %, which the dynamo exporter cannot convert here
+        back = back.reshape(b * t, h).index_select(0, keep)
+        rows = _Rows(grid, back.reshape(-1), key, key_bias, b, t)
 
         # Embedded on the grid, then packed: fewer graph nodes than packing ids and positions
         # first (that matters at batch 1), for ~1% of a batch of 32.
         x = m.tok_emb(input_ids) * m.embed_scale + m.positions(t).unsqueeze(0)  # (B, T, C)
         x = x.reshape(1, b * t, c).index_select(1, keep)  # (1, N, C)
         for block in m.blocks:
-            x = self._block(cast(EncoderBlock, block), x, keep, slot, key, key_bias, b, t)
+            x = self._block(cast(EncoderBlock, block), x, rows)
         x = m.final_norm(x)
         x = x.index_select(1, slot).view(b, t, c)  # (B, T, C), padding rows hold junk
         # The model's masked mean, with its summation order: junk rows are multiplied by 0.
@@ -85,48 +103,41 @@ class PaddingFreeClassifier(nn.Module):
         return m.head(pooled).float()  # (B, num_labels)
 
     @staticmethod
-    def _block(
-        block: EncoderBlock,
-        x: torch.Tensor,
-        keep: torch.Tensor,
-        slot: torch.Tensor,
-        key: torch.Tensor,
-        key_bias: torch.Tensor,
-        b: int,
-        t: int,
-    ) -> torch.Tensor:
+    def _block(block: EncoderBlock, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
         # EncoderBlock.forward with attention on the grid; everything else stays packed.
         if block.norm_first:
-            x = x + _attend(block.attn, block.norm1(x), keep, slot, key, key_bias, b, t)
+            x = x + _attend(block.attn, block.norm1(x), rows)
             return x + block.ff(block.norm2(x))
-        x = block.norm1(x + _attend(block.attn, x, keep, slot, key, key_bias, b, t))
+        x = block.norm1(x + _attend(block.attn, x, rows))
         return block.norm2(x + block.ff(x))
 
 
-def _attend(
-    attn: MultiHeadSelfAttention,
-    x: torch.Tensor,
-    keep: torch.Tensor,
-    slot: torch.Tensor,
-    key: torch.Tensor,
-    key_bias: torch.Tensor,
-    b: int,
-    t: int,
-) -> torch.Tensor:
+class _Rows(NamedTuple):
+    """What attention needs to go from packed tokens to the grid and back (see forward)."""
+
+    grid: torch.Tensor  # (B*H*T,) q rows of the packed QKV rows; k: + H, v: + 2H
+    back: torch.Tensor  # (N*H,) rows of the (B*H*T, D) attention output, packed order
+    key: torch.Tensor  # (B, 1, 1, T) 1.0 on keys that are attended to
+    key_bias: torch.Tensor  # (B, 1, 1, T) 0 on those keys, float32's minimum on padding
+    b: int
+    t: int
+
+
+def _attend(attn: MultiHeadSelfAttention, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
     """MultiHeadSelfAttention.forward on packed tokens: (1, N, C) -> (1, N, C)."""
-    h, d = attn.n_heads, attn.head_dim
-    qkv = attn.qkv(x).index_select(1, slot).view(b, t, 3, h, d)  # on the grid
-    # One transpose for q, k and v (the packed layout is [q | k | v], each head-major), not a
-    # split and three: a pass less over (B, T, 3C) per layer.
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, D)
+    h, d, b, t = attn.n_heads, attn.head_dim, rows.b, rows.t
+    qkv = attn.qkv(x).reshape(-1, d)  # (N*3H, D)
+    q = qkv.index_select(0, rows.grid).view(b, h, t, d)
+    k = qkv.index_select(0, rows.grid + h).view(b, h, t, d)
+    v = qkv.index_select(0, rows.grid + 2 * h).view(b, h, t, d)
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # (B, H, T, T)
     # An additive mask, not masked_fill: onnxruntime's Where with a (B, 1, 1, T) condition takes
     # 3-4x as long as this broadcast Add (1.05 vs 0.3 ms at 32x4x48x48). Then the floor (see
     # SOFTMAX_FLOOR), and zero values for padding keys: (B, H, T, D) is smaller than the
     # (B, H, T, T) weights once T > D.
-    masked = scores + key_bias  # (B, H, T, T)
+    masked = scores + rows.key_bias  # (B, H, T, T)
     floor = masked.amax(dim=-1, keepdim=True) - SOFTMAX_FLOOR  # (B, H, T, 1)
     weights = F.softmax(torch.maximum(masked, floor), dim=-1)  # (B, H, T, T)
-    y = weights @ (v * key.transpose(-1, -2))  # (B, H, T, D)
-    y = y.transpose(1, 2).reshape(1, b * t, h * d)  # (1, B*T, C)
-    return attn.out(y.index_select(1, keep))  # (1, N, C)
+    y = weights @ (v * rows.key.transpose(-1, -2))  # (B, H, T, D)
+    y = y.reshape(-1, d).index_select(0, rows.back).view(1, -1, h * d)  # (1, N, C)
+    return attn.out(y)
