@@ -44,6 +44,8 @@ DEFAULT_EXPORTER = "torchscript"
 # (2056 vs 1167 texts/s); at batch 1 (nothing to remove, a few more nodes) 2.4x vs 2.7x. The
 # ORT profile of the dense graph at batch 32: MatMul 47% of the time, half of it on padding;
 # Softmax 16%, mostly subnormal-exp assists on the padding keys; Where (the mask) 5%.
+# Since then its attention gathers q, k, v straight into (B, H, T, D) (no split/transposes):
+# 1.69x PyTorch at batch 32 in `make bench`, 2.41x at batch 1.
 # `padding_free=False` exports the model's own forward.
 DEFAULT_PADDING_FREE = True
 
