@@ -12,7 +12,8 @@ Client side (service.client, the CLI, the health probe)::
 
 Tokens are compared in constant time (hmac.compare_digest over SHA-256 digests, against every
 token, so neither the position of a match nor the tokens' lengths show in the timing). The
-health and reflection services stay open so that probes and tools work without a token.
+health and reflection services, and the Open Inference Protocol's ServerLive/ServerReady, stay
+open so that probes and tools work without a token.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ OPEN_SERVICES: frozenset[str] = frozenset(
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
         "grpc.reflection.v1.ServerReflection",
+    }
+)
+# Single methods answered without a token: the Open Inference Protocol's liveness and
+# readiness probes (what KServe's and Triton's orchestration call; they reveal nothing but
+# "up"). Everything else of that service, ModelReady and metadata included, needs a token.
+OPEN_METHODS: frozenset[str] = frozenset(
+    {
+        "/inference.GRPCInferenceService/ServerLive",
+        "/inference.GRPCInferenceService/ServerReady",
     }
 )
 AUTHORIZATION = "authorization"  # gRPC metadata keys are lowercase (HTTP/2 headers)
@@ -165,23 +175,26 @@ Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandl
 
 
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
-    """UNAUTHENTICATED for calls without a valid bearer token, except to `open_services`."""
+    """UNAUTHENTICATED for calls without a valid bearer token, except to `open_services` and
+    `open_methods`."""
 
     def __init__(
         self,
         tokens: Iterable[str],
         open_services: Iterable[str] = OPEN_SERVICES,
         clock: Callable[[], float] = time.monotonic,
+        open_methods: Iterable[str] = OPEN_METHODS,
     ) -> None:
         self._tokens = TokenSet(tokens)
         self._open = frozenset(open_services)
+        self._open_methods = frozenset(open_methods)
         self._clock = clock
         self._refused = 0  # since the last log line
         self._logged_at = -_LOG_EVERY
 
     def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None) -> str:
         """The empty string when the call may go on, else the message to refuse it with."""
-        if _service_of(method) in self._open:
+        if method in self._open_methods or _service_of(method) in self._open:
             return ""
         token, problem = bearer_token(metadata)
         if token is None:

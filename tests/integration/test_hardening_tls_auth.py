@@ -206,6 +206,11 @@ def test_bearer_tokens_guard_both_apis(token_server: RunningServer) -> None:
         # probes and tools need no token
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert health.status == health_pb2.HealthCheckResponse.SERVING
+        assert oip.ServerLive(ipb.ServerLiveRequest(), timeout=10).live
+        assert oip.ServerReady(ipb.ServerReadyRequest(), timeout=10).ready
+        with pytest.raises(grpc.RpcError) as info:
+            oip.ModelReady(ipb.ModelReadyRequest(name="default"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
         request = reflection_pb2.ServerReflectionRequest(list_services="")
         (listing,) = list(reflection.ServerReflectionInfo(iter([request])))

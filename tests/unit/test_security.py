@@ -17,6 +17,7 @@ from service.cli import CliError
 from service.config import ConfigError, SecurityConfig, ServerConfig
 from service.decode_guard import DecodeGuard, Undecodable, guard, safe_deserializer
 from service.security import (
+    OPEN_METHODS,
     OPEN_SERVICES,
     TokenAuthInterceptor,
     TokenSet,
@@ -98,6 +99,11 @@ def test_the_interceptor_leaves_health_and_reflection_open() -> None:
     assert interceptor.check("/textserve.v1.Classifier/Classify", wrong) == "invalid bearer token"
     # a look-alike service name is not open
     assert interceptor.check("/grpc.health.v1.HealthX/Check", ()) != ""
+    # the Open Inference Protocol's liveness and readiness probes are open, nothing else of it
+    for method in OPEN_METHODS:
+        assert interceptor.check(method, ()) == ""
+    for rpc in ("ModelReady", "ServerMetadata", "ServerLiveX"):
+        assert "missing" in interceptor.check(f"/inference.GRPCInferenceService/{rpc}", ())
 
 
 def test_refusals_are_logged_at_most_every_ten_seconds(caplog: pytest.LogCaptureFixture) -> None:
