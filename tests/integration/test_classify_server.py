@@ -17,7 +17,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from service.cli import main as cli_main
-from service.config import BatcherConfig
+from service.config import BatcherConfig, RuntimeConfig
 from service.manifest import Manifest
 from service.model import ModelHandle
 from tests.serving import RunningServer, running_server
@@ -163,6 +163,37 @@ def test_batches_form_under_64_concurrent_callers(
     count = srv.metrics.registry.get_sample_value("textserve_batch_size_count", {"model": name})
     total = srv.metrics.registry.get_sample_value("textserve_batch_size_sum", {"model": name})
     assert total == 64 * 3 and count < total
+
+
+def test_two_inference_threads_give_every_caller_its_own_probabilities(
+    tiny_repository: Path, version_dir: Path
+) -> None:
+    # --inference-threads 2: two executor threads take batches from one queue (each goes on to
+    # the next due batch by itself); 48 concurrent callers, each text once, all answers right.
+    texts = [f"{WORDS[i % 12]} {WORDS[(i * 5) % 12]} film number {i}" for i in range(48)]
+    expected = reference_probabilities(version_dir, texts)
+    runtime = RuntimeConfig(intra_op_threads=1, inference_threads=2)
+    with running_server(tiny_repository, runtime=runtime) as srv, srv.channel() as channel:
+        stub = pb_grpc.ClassifierStub(channel)
+        got: dict[int, np.ndarray] = {}
+        errors: list[BaseException] = []
+
+        def caller(i: int) -> None:
+            try:
+                request = pb.ClassifyRequest(texts=[texts[i]], all_scores=True)
+                got[i] = scores(stub.Classify(request, timeout=60))[0]
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(texts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        batching = stub.GetModel(pb.GetModelRequest()).batching
+    np.testing.assert_allclose(np.stack([got[i] for i in range(len(texts))]), expected, atol=1e-5)
+    assert batching.items == len(texts) and batching.queue_depth == 0
 
 
 def expect_error(
