@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -134,6 +134,25 @@ def test_probabilities_equal_in_process_onnxruntime_alone_and_batched(
     assert [r.label for f in futures for r in f.result().results] == best
 
 
+def in_threads(caller: Callable[[int], None], n: int) -> None:
+    """caller(0) … caller(n - 1), each in its own thread at once; re-raises the first failure."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            caller(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def test_batches_form_under_64_concurrent_callers(
     tiny_repository: Path,
 ) -> None:
@@ -141,21 +160,12 @@ def test_batches_form_under_64_concurrent_callers(
     config = BatcherConfig(max_queue_delay=0.05)
     with running_server(tiny_repository, batcher=config) as srv, srv.channel() as channel:
         stub = pb_grpc.ClassifierStub(channel)
-        errors: list[BaseException] = []
 
         def caller(i: int) -> None:
-            try:
-                for j in range(3):
-                    stub.Classify(pb.ClassifyRequest(texts=[f"{WORDS[i % 12]} film {j}"]))
-            except BaseException as exc:
-                errors.append(exc)
+            for j in range(3):
+                stub.Classify(pb.ClassifyRequest(texts=[f"{WORDS[i % 12]} film {j}"]))
 
-        threads = [threading.Thread(target=caller, args=(i,)) for i in range(64)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
+        in_threads(caller, 64)
         batching = stub.GetModel(pb.GetModelRequest()).batching
     assert batching.items == 64 * 3
     assert batching.max_batch_size_seen > 1 and batching.mean_batch_size > 1
@@ -176,21 +186,12 @@ def test_two_inference_threads_give_every_caller_its_own_probabilities(
     with running_server(tiny_repository, runtime=runtime) as srv, srv.channel() as channel:
         stub = pb_grpc.ClassifierStub(channel)
         got: dict[int, np.ndarray] = {}
-        errors: list[BaseException] = []
 
         def caller(i: int) -> None:
-            try:
-                request = pb.ClassifyRequest(texts=[texts[i]], all_scores=True)
-                got[i] = scores(stub.Classify(request, timeout=60))[0]
-            except BaseException as exc:
-                errors.append(exc)
+            request = pb.ClassifyRequest(texts=[texts[i]], all_scores=True)
+            got[i] = scores(stub.Classify(request, timeout=60))[0]
 
-        threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(texts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
+        in_threads(caller, len(texts))
         batching = stub.GetModel(pb.GetModelRequest()).batching
     np.testing.assert_allclose(np.stack([got[i] for i in range(len(texts))]), expected, atol=1e-5)
     assert batching.items == len(texts) and batching.queue_depth == 0
