@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -137,6 +137,9 @@ class ModelRepository:
         self._drains: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._started = False
         self._watcher: RepositoryWatcher | None = None
+        # Told, after every change that loaded or unloaded a version, whether any model is
+        # being served (the server turns health NOT_SERVING while none is).
+        self.on_change: Callable[[bool], Awaitable[None]] | None = None
 
     # -- startup -------------------------------------------------------------------------------
 
@@ -222,7 +225,13 @@ class ModelRepository:
                     self._retire(record, entry)
                     events.append(ReloadEvent(record.name, entry.version, "unloaded"))
             self._forget_removed(record)
+        if events and self.on_change is not None:
+            await self.on_change(self.serving())
         return events
+
+    def serving(self) -> bool:
+        """Whether any model has a version that takes requests."""
+        return any(record.ready() for record in self.models.values())
 
     def _update_records(self, found: dict[str, dict[int, Path]]) -> None:
         for name, versions in found.items():

@@ -28,6 +28,7 @@ from service.metrics import Metrics, MetricsServer, start_metrics_server
 from service.repository import ModelRepository
 from service.security import add_port, auth_interceptors
 from service.tuning import tune_for_serving
+from textserve.v1 import admin_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ Register = Callable[[grpc.aio.Server, "ServingContext"], Sequence[str]]
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# Stays SERVING while no model is served: it is how one gets loaded again.
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 
 
 @dataclass
@@ -104,12 +107,22 @@ class Server:
             raise
         for name in ("", *self.service_names):
             await self.health.set(name, SERVING)
+        self.repository.on_change = self._models_changed
         logger.info(
             "textserve: serving %s on %s (default model: %s)",
             ", ".join(f"{h.name}:{h.version} [{h.provider}]" for h in self.repository.handles()),
             self.address,
             self.repository.default_model or "none",
         )
+
+    async def _models_changed(self, serving: bool) -> None:
+        """While no model is served (an admin unloaded them all, the last version folder was
+        removed), the server and its model services report NOT_SERVING; the Admin service,
+        through which a model is loaded again, stays SERVING."""
+        status = SERVING if serving else NOT_SERVING
+        for name in ("", *self.service_names):
+            if name != ADMIN_SERVICE:
+                await self.health.set(name, status)
 
     async def stop(self, grace: float | None = None) -> None:
         """drain + shutdown: health NOT_SERVING, stop accepting, let queued and in-flight

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from service.admin_client import AdminClient
@@ -169,3 +170,24 @@ def test_admin_needs_the_token_when_the_server_has_one(
         argv = ["models", "unload", "tiny", "2", *server, "--token-file", str(token_file)]
         assert cli_main(argv) == 0
         assert "tiny (default): serving 1" in capsys.readouterr().out  # 2 rolled back
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_health_is_not_serving_while_no_model_is_served(admin_server: RunningServer) -> None:
+    def status(service: str) -> int:
+        with admin_server.channel() as channel:
+            request = health_pb2.HealthCheckRequest(service=service)
+            return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
+
+    model_services = ("", "textserve.v1.Classifier", "inference.GRPCInferenceService")
+    assert {status(s) for s in model_services} == {SERVING}
+    with AdminClient(admin_server.address) as admin:
+        admin.unload_model("tiny")  # the only model: nothing is served any more
+        assert {status(s) for s in model_services} == {NOT_SERVING}
+        assert status("textserve.v1.Admin") == SERVING  # the way back
+        admin.load_model("tiny")
+        assert {status(s) for s in model_services} == {SERVING}
+    assert served(admin_server) == 1
