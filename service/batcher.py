@@ -389,8 +389,12 @@ class Batcher(Generic[P]):
                 or self._queued_tokens >= config.max_batch_tokens
             ):
                 return
-            with self._lock:  # another worker's thread may be taking items
-                oldest = min(bucket[0].request.enqueued for bucket in self._buckets.values())
+            with self._lock:  # another worker's thread may be taking items, even the last
+                oldest = min(
+                    (bucket[0].request.enqueued for bucket in self._buckets.values()), default=None
+                )
+            if oldest is None:
+                continue
             wait = oldest + config.max_queue_delay - self._clock()
             if wait <= 0:
                 return
