@@ -333,12 +333,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) -> int:
     """perf_analyzer at each concurrency level; the table on stdout, the figures in JSON."""
     reports: list[dict[str, float]] = []
-    levels: list[tuple[str, float]] = [
+    levels: list[tuple[str, float | None]] = [
         ("concurrency", int(c)) for c in args.concurrency.split(",") if c.strip()
     ]
     levels += [("request_rate", r) for r in _rates(args.request_rates)]
     for kind, value in levels:
-        if value == HALF_PEAK:
+        if value is None:  # half-peak
             peak = max((r["throughput"] for r in reports), default=0.0)
             if peak <= 0:
                 sys.stderr.write("--request-rates half-peak needs a concurrency sweep first\n")
@@ -393,16 +393,14 @@ def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) ->
     return 0
 
 
-HALF_PEAK = -1.0  # stands for 'half-peak' in the list of rates
-
-
-def _rates(text: str) -> list[float]:
-    rates = []
+def _rates(text: str) -> list[float | None]:
+    """The --request-rates list; None stands for 'half-peak'."""
+    rates: list[float | None] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         if part == "half-peak":
-            rates.append(HALF_PEAK)
+            rates.append(None)
             continue
         try:
             rate = float(part)

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,17 +66,29 @@ class BenchResult:
             None,
         )
 
+    def _batch_sizes(self) -> list[int]:
+        return sorted({m.batch_size for m in self.measurements})
+
+    def _pairs(self, b: int) -> Iterator[tuple[str, Measurement, Measurement]]:
+        """("<ratio label> @ batch <b>", numerator, denominator) for every RATIO_PAIRS ratio
+        both of whose engines were measured at batch size b."""
+        for label, (num, den) in RATIO_PAIRS.items():
+            a, c = self.get(num, b), self.get(den, b)
+            if a and c:
+                yield f"{label} @ batch {b}", a, c
+
     def ratios(self) -> dict[str, float]:
         """Speed ratios and int8 accuracy changes (points) per batch size."""
         out: dict[str, float] = {}
-        for b in sorted({m.batch_size for m in self.measurements}):
-            for label, (num, den) in RATIO_PAIRS.items():
-                a, c = self.get(num, b), self.get(den, b)
-                if a and c and c.texts_per_second > 0:
-                    out[f"{label} @ batch {b}"] = a.texts_per_second / c.texts_per_second
-            a, c = self.get("onnxruntime int8", b), self.get("onnxruntime fp32", b)
-            if a and c:
-                out[f"int8 accuracy change (points) @ batch {b}"] = (a.accuracy - c.accuracy) * 100
+        for b in self._batch_sizes():
+            for key, a, c in self._pairs(b):
+                if c.texts_per_second > 0:
+                    out[key] = a.texts_per_second / c.texts_per_second
+            a8, f32 = self.get("onnxruntime int8", b), self.get("onnxruntime fp32", b)
+            if a8 and f32:
+                out[f"int8 accuracy change (points) @ batch {b}"] = (
+                    a8.accuracy - f32.accuracy
+                ) * 100
         return out
 
     def round_ratios(self) -> dict[str, tuple[float, float, float]]:
@@ -84,18 +96,13 @@ class BenchResult:
         in turn within a round, so a round's ratio compares like with like when the machine's
         speed drifts between rounds; the spread shows how far one run can be trusted."""
         out: dict[str, tuple[float, float, float]] = {}
-        for b in sorted({m.batch_size for m in self.measurements}):
-            for label, (num, den) in RATIO_PAIRS.items():
-                a, c = self.get(num, b), self.get(den, b)
-                if not (a and c) or len(a.rounds) != len(c.rounds) or not a.rounds:
+        for b in self._batch_sizes():
+            for key, a, c in self._pairs(b):
+                if len(a.rounds) != len(c.rounds):
                     continue
                 per_round = sorted(x / y for x, y in zip(a.rounds, c.rounds, strict=True) if y > 0)
                 if per_round:
-                    out[f"{label} @ batch {b}"] = (
-                        per_round[0],
-                        statistics.median(per_round),
-                        per_round[-1],
-                    )
+                    out[key] = (per_round[0], statistics.median(per_round), per_round[-1])
         return out
 
     def to_dict(self) -> dict[str, Any]:

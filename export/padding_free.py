@@ -61,10 +61,11 @@ class PaddingFreeClassifier(nn.Module):
         b, t = input_ids.shape
         c = m.config.d_model
         real = attention_mask != 0  # (B, T)
+        arange = functools.partial(torch.arange, device=input_ids.device)
         # A row with no real token gets its first position computed, and attended to, so that
         # N >= 1 (the gathers below always have a row to read) and no softmax row is all
         # padding. Its logits are the head's bias, as the model's are (its pooled vector is 0).
-        first = torch.arange(t, device=input_ids.device) == 0  # (T,)
+        first = arange(t) == 0  # (T,)
         computed = real | (first.unsqueeze(0) & ~real.any(dim=1, keepdim=True))  # (B, T)
         flat = computed.reshape(-1)  # (B*T,)
         keep = torch.nonzero(flat).squeeze(1)  # (N,) grid positions that are computed
@@ -81,13 +82,12 @@ class PaddingFreeClassifier(nn.Module):
         # position (b, t) (slot: padding reads a real token, masked as a key). `back`: for each
         # packed token and head, its row in the (B, H, T, D) attention output.
         h = m.config.n_heads
-        heads = torch.arange(h, device=input_ids.device)
+        heads = arange(h)
         grid = (slot.view(b, 1, t) * (3 * h) + heads.view(1, h, 1)).reshape(-1)  # (B*H*T,)
-        arange = functools.partial(torch.arange, device=input_ids.device)
         back = arange(b).view(b, 1, 1) * (h * t) + heads.view(1, 1, h) * t + arange(t).view(1, t, 1)
         # (N, H), built without // or %, which the dynamo exporter cannot convert here
-        back = back.reshape(b * t, h).index_select(0, keep)
-        rows = _Rows(grid, back.reshape(-1), key, key_bias, b, t)
+        back = back.reshape(b * t, h).index_select(0, keep).reshape(-1)  # (N*H,)
+        rows = _Rows(grid, back, key, key_bias, b, t)
 
         # Embedded on the grid, then packed: fewer graph nodes than packing ids and positions
         # first (that matters at batch 1), for ~1% of a batch of 32.

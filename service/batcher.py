@@ -374,28 +374,16 @@ class Batcher(Generic[P]):
         """Return when a batch should start: full, oldest item waited long enough, or flushing."""
         wakeup, resumed = self._wakeup, self._resumed
         assert wakeup is not None and resumed is not None
-        config = self.config
         while True:
             if not resumed.is_set():
                 await resumed.wait()
                 continue
-            if not self._count:
+            with self._lock:  # another worker's thread may be taking items, even the last
+                wait = self._time_to_batch(self._clock())
+            if wait is None:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
-            if (
-                self._flushing
-                or self._count >= config.max_batch_size
-                or self._queued_tokens >= config.max_batch_tokens
-            ):
-                return
-            with self._lock:  # another worker's thread may be taking items, even the last
-                oldest = min(
-                    (bucket[0].request.enqueued for bucket in self._buckets.values()), default=None
-                )
-            if oldest is None:
-                continue
-            wait = oldest + config.max_queue_delay - self._clock()
             if wait <= 0:
                 return
             # A timer that sets the event, rather than asyncio.wait_for (a task per wait).
@@ -406,19 +394,27 @@ class Batcher(Generic[P]):
             finally:
                 timer.cancel()
 
-    def _due(self, now: float) -> bool:
-        """Whether a batch should start now (the executor thread's test; see _wait_for_batch)."""
+    def _time_to_batch(self, now: float) -> float | None:
+        """Seconds until a batch is due (<= 0: now): when it is full or flushing, else when its
+        oldest item has waited max_queue_delay; None when nothing is queued. Call with _lock."""
+        if not self._count:
+            return None
         config = self.config
-        if not self._count or not (self._resumed is not None and self._resumed.is_set()):
-            return False
         if (
             self._flushing
             or self._count >= config.max_batch_size
             or self._queued_tokens >= config.max_batch_tokens
         ):
-            return True
+            return 0.0
         oldest = min(bucket[0].request.enqueued for bucket in self._buckets.values())
-        return oldest + config.max_queue_delay <= now
+        return oldest + config.max_queue_delay - now
+
+    def _due(self, now: float) -> bool:
+        """Whether the executor thread should start a batch now (see _wait_for_batch)."""
+        if self._stopping or not (self._resumed is not None and self._resumed.is_set()):
+            return False
+        wait = self._time_to_batch(now)
+        return wait is not None and wait <= 0
 
     def _take_batch(self, now: float, expire: Callable[[_Request], None]) -> list[_Item]:
         """Pop the next batch: anchored on the oldest item, filled with the nearest lengths.
@@ -511,11 +507,7 @@ class Batcher(Generic[P]):
                 result, failure = None, exc
             finished = self._clock()
             with self._lock:
-                nxt = (
-                    self._take_batch(finished, expire)
-                    if not self._stopping and self._due(finished)
-                    else []
-                )
+                nxt = self._take_batch(finished, expire) if self._due(finished) else []
                 if nxt:
                     running[0] = nxt
             if not nxt:
@@ -598,20 +590,17 @@ class Batcher(Generic[P]):
                 item.request.future.set_exception(exc)
 
     def _pop_all(self) -> int:
-        with self._lock:
-            return self._pop_all_locked()
-
-    def _pop_all_locked(self) -> int:
         left = 0
-        for bucket in self._buckets.values():
-            for item in bucket:
-                if not item.request.future.done():
-                    left += 1
-                    item.request.future.set_exception(
-                        NotReadyError(f"model {self.name!r} shut down before this request ran")
-                    )
-        self._buckets.clear()
-        self._count = self._queued_tokens = 0
+        with self._lock:
+            for bucket in self._buckets.values():
+                for item in bucket:
+                    if not item.request.future.done():
+                        left += 1
+                        item.request.future.set_exception(
+                            NotReadyError(f"model {self.name!r} shut down before this request ran")
+                        )
+            self._buckets.clear()
+            self._count = self._queued_tokens = 0
         self._observer.on_queue_depth(0)
         return left
 

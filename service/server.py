@@ -87,8 +87,7 @@ class Server:
     async def start(self) -> None:
         """startup: listen (health NOT_SERVING), load and warm every model, then SERVING.
         Raises (after cleaning up) when the models cannot be served."""
-        for name in ("", *self.service_names):
-            await self.health.set(name, NOT_SERVING)  # until the models are loaded and warm
+        await self._set_health(NOT_SERVING)  # until the models are loaded and warm
         await self.grpc_server.start()
         logger.info(
             "listening on %s (gRPC); loading models from %s", self.address, self.config.repository
@@ -105,8 +104,7 @@ class Server:
         except BaseException:
             await self._close(grace=0)
             raise
-        for name in ("", *self.service_names):
-            await self.health.set(name, SERVING)
+        await self._set_health(SERVING)
         self.repository.on_change = self._models_changed
         logger.info(
             "textserve: serving %s on %s (default model: %s)",
@@ -119,9 +117,12 @@ class Server:
         """While no model is served (an admin unloaded them all, the last version folder was
         removed), the server and its model services report NOT_SERVING; the Admin service,
         through which a model is loaded again, stays SERVING."""
-        status = SERVING if serving else NOT_SERVING
+        await self._set_health(SERVING if serving else NOT_SERVING, but=ADMIN_SERVICE)
+
+    async def _set_health(self, status: int, *, but: str | None = None) -> None:
+        """`status` for the server ("") and every service it registered, except `but`."""
         for name in ("", *self.service_names):
-            if name != ADMIN_SERVICE:
+            if name != but:
                 await self.health.set(name, status)
 
     async def stop(self, grace: float | None = None) -> None:

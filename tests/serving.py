@@ -37,6 +37,17 @@ ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 
+def health(address: str, service: str = "") -> str:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=5
+            )
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(status.status))
+
+
 def wait_for_health(
     address: str,
     *,

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from service.admin_client import AdminClient
@@ -18,7 +17,7 @@ from service.client import ClientError
 from service.config import SecurityConfig
 from service.manifest import MODEL_FILE, Manifest
 from service.version_policy import parse_policies
-from tests.serving import RunningServer, running_server
+from tests.serving import RunningServer, health, running_server
 from textserve.v1 import admin_pb2
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
@@ -172,22 +171,16 @@ def test_admin_needs_the_token_when_the_server_has_one(
         assert "tiny (default): serving 1" in capsys.readouterr().out  # 2 rolled back
 
 
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
 def test_health_is_not_serving_while_no_model_is_served(admin_server: RunningServer) -> None:
-    def status(service: str) -> int:
-        with admin_server.channel() as channel:
-            request = health_pb2.HealthCheckRequest(service=service)
-            return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
+    def status(service: str) -> str:
+        return health(admin_server.address, service)
 
     model_services = ("", "textserve.v1.Classifier", "inference.GRPCInferenceService")
-    assert {status(s) for s in model_services} == {SERVING}
+    assert {status(s) for s in model_services} == {"SERVING"}
     with AdminClient(admin_server.address) as admin:
         admin.unload_model("tiny")  # the only model: nothing is served any more
-        assert {status(s) for s in model_services} == {NOT_SERVING}
-        assert status("textserve.v1.Admin") == SERVING  # the way back
+        assert {status(s) for s in model_services} == {"NOT_SERVING"}
+        assert status("textserve.v1.Admin") == "SERVING"  # the way back
         admin.load_model("tiny")
-        assert {status(s) for s in model_services} == {SERVING}
+        assert {status(s) for s in model_services} == {"SERVING"}
     assert served(admin_server) == 1

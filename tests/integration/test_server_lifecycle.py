@@ -18,23 +18,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from service.cli import main as cli_main
 from service.model import ModelHandle
 from service.runtime import CUDA, available_providers
-from tests.serving import running_server, serve_subprocess
+from service.server import NOT_SERVING, SERVING
+from tests.serving import health, running_server, serve_subprocess
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
-
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def health(address: str, service: str = "") -> str:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            status = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=5
-            )
-        except grpc.RpcError as exc:
-            return str(exc.code().name)
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(status.status))
 
 
 def poll(predicate, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
