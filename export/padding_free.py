@@ -9,12 +9,13 @@ split at batch 32: 49% real tokens) and the position-wise layers (QKV and output
 feed-forward, LayerNorm: ~94% of the matmul FLOPs at T = 48) compute it for nothing. This
 module gives the same logits from the same weights (it shares the model's modules) but runs
 those layers on the N real tokens only, packed as one (1, N, C) sequence. Attention, which
-mixes the tokens of one text, runs on the (B, H, T, D) grid: q, k and v are gathered there
-straight from the packed projection's rows of D values, and the result is gathered straight
-back into packed tokens (no split, no transposes: measured 1.15x the fp32 graph that gathered
-(B, T, 3C), split and transposed, and 1.37x vs 1.13x for int8 over fp32, at batch 32).
+mixes the tokens of one text, runs on the (B, H, T, D) grid: q and k are gathered there
+straight from the packed projection's rows of D values, v from a table of those rows, and the
+result is gathered straight back into packed tokens (no split, no transposes: measured 1.15x
+the fp32 graph that gathered (B, T, 3C), split and transposed, at batch 32).
 
-Two more things keep onnxruntime on its fast paths; see `_attend`. Eval only: dropout is left out.
+Padding keys are copies of real keys of their row, scored PADDING_PENALTY lower (see `_attend`).
+Eval only: dropout is left out.
 """
 
 from __future__ import annotations
@@ -29,16 +30,8 @@ from torch.nn import functional as F
 
 from model.classifier import EncoderBlock, MultiHeadSelfAttention, TransformerClassifier
 
-# Padding keys enter the softmax at (row max - SOFTMAX_FLOOR), not at float32's minimum. Why:
-# exp() of anything below -87.3 is subnormal or zero, and onnxruntime's vectorized exp produces
-# those through subnormal intermediates, each costing a microcode assist: with half the keys
-# padding, Softmax ran 5x slower (1.6 vs 0.3 ms at 32x4x48x48; 15% of a batch of 32).
-# exp(-80) ~ 1.8e-35 is a normal float, so no assist. It changes nothing: a softmax row sums to
-# >= 1 (its max contributes exp(0)), and even 64 such terms add < 1e-33, far below half an ulp
-# of 1, so the real keys' weights are those of an exact mask; the padding keys' value rows are
-# zeroed, so their ~1e-35 weights contribute exactly 0. A real key scoring more than 80 below
-# its row's max gets weight ~1e-35 instead of a smaller one: an absolute change < 2e-35.
-SOFTMAX_FLOOR = 80.0
+# What a padding key's attention score loses against the real key it copies (see _attend).
+PADDING_PENALTY = 30.0
 
 
 class PaddingFreeClassifier(nn.Module):
@@ -63,35 +56,41 @@ class PaddingFreeClassifier(nn.Module):
         real = attention_mask != 0  # (B, T)
         arange = functools.partial(torch.arange, device=input_ids.device)
         # A row with no real token gets its first position computed, and attended to, so that
-        # N >= 1 (the gathers below always have a row to read) and no softmax row is all
-        # padding. Its logits are the head's bias, as the model's are (its pooled vector is 0).
+        # N >= 1 (the gathers below always have a row to read) and every softmax row has a key
+        # to divide by. Its logits are the head's bias, as the model's are (its pooled vector
+        # is 0).
         first = arange(t) == 0  # (T,)
         computed = real | (first.unsqueeze(0) & ~real.any(dim=1, keepdim=True))  # (B, T)
         flat = computed.reshape(-1)  # (B*T,)
         keep = torch.nonzero(flat).squeeze(1)  # (N,) grid positions that are computed
-        # The packed row each grid position reads when going back to the grid: its own for a
-        # computed token; for padding, the previous computed one. Padding rows are never used
-        # (masked as keys, dropped by pooling as queries), so any finite value does.
-        slot = (torch.cumsum(flat.to(torch.int64), dim=0) - 1).clamp(min=0)  # (B*T,)
-        key = computed.unsqueeze(1).unsqueeze(2).to(m.tok_emb.weight.dtype)  # (B, 1, 1, T)
-        key_bias = (1.0 - key) * torch.finfo(key.dtype).min  # 0 on real keys, min on padding
+        # The packed row each grid position reads: its own for a computed token; for padding, a
+        # computed token of the same row (the previous one, or for left padding the row's first:
+        # rows_before counts the computed tokens of the rows above). Padding rows are never used
+        # as queries (pooling drops them); as keys they copy a key of their row (see _attend).
+        slot = torch.cumsum(flat.to(torch.int64), dim=0) - 1  # (B*T,)
+        counts = computed.sum(dim=1, dtype=torch.int64)  # (B,)
+        rows_before = torch.cumsum(counts, dim=0) - counts  # (B,)
+        slot = torch.maximum(slot.view(b, t), rows_before.unsqueeze(1)).reshape(-1)  # (B*T,)
         # Row numbers for attention (the same for every layer). A QKV projection of the packed
-        # tokens, seen as rows of D values, holds token n's q for head j at row n*3H + j, its k
-        # at n*3H + H + j and its v at n*3H + 2H + j (the layout MultiHeadSelfAttention's
-        # view(..., 3, H, D) reads). `grid`: for each (b, j, t), that row of the token at grid
-        # position (b, t) (slot: padding reads a real token, masked as a key). `back`: for each
-        # packed token and head, its row in the (B, H, T, D) attention output.
+        # tokens, seen as rows of D values, holds token n's q for head j at row n*3H + j and its
+        # k at n*3H + H + j (the layout MultiHeadSelfAttention's view(..., 3, H, D) reads).
+        # `grid`: for each (b, j, t), the q row of the token at grid position (b, t) (+ H: its
+        # k row, + 2H: its v row). `back`: for each packed token and head, its row in the
+        # (B, H, T, D) attention output.
         h = m.config.n_heads
         heads = arange(h)
-        grid = (slot.view(b, 1, t) * (3 * h) + heads.view(1, h, 1)).reshape(-1)  # (B*H*T,)
+        grid = slot.view(b, 1, t) * (3 * h) + heads.view(1, h, 1)  # (B, H, T)
         back = arange(b).view(b, 1, 1) * (h * t) + heads.view(1, 1, h) * t + arange(t).view(1, t, 1)
         # (N, H), built without // or %, which the dynamo exporter cannot convert here
         back = back.reshape(b * t, h).index_select(0, keep).reshape(-1)  # (N*H,)
-        rows = _Rows(grid, back, key, key_bias, b, t)
+        penalty = (~computed).to(m.tok_emb.weight.dtype) * -PADDING_PENALTY  # (B, T)
+        rows = _Rows(grid.reshape(-1), penalty.view(b, 1, 1, t), back, b, t)
 
         # Embedded on the grid, then packed: fewer graph nodes than packing ids and positions
-        # first (that matters at batch 1), for ~1% of a batch of 32.
-        x = m.tok_emb(input_ids) * m.embed_scale + m.positions(t).unsqueeze(0)  # (B, T, C)
+        # first (that matters at batch 1), for ~1% of a batch of 32. The table is scaled once
+        # (the exporter folds it into a constant): the same products as scaling after the lookup.
+        table = m.tok_emb.weight * m.embed_scale  # (V, C)
+        x = F.embedding(input_ids, table) + m.positions(t).unsqueeze(0)  # (B, T, C)
         x = x.reshape(1, b * t, c).index_select(1, keep)  # (1, N, C)
         for block in m.blocks:
             x = self._block(cast(EncoderBlock, block), x, rows)
@@ -116,28 +115,37 @@ class _Rows(NamedTuple):
     """What attention needs to go from packed tokens to the grid and back (see forward)."""
 
     grid: torch.Tensor  # (B*H*T,) q rows of the packed QKV rows; k: + H, v: + 2H
+    penalty: torch.Tensor  # (B, 1, 1, T) added to scores: 0 on real keys, -PADDING_PENALTY
     back: torch.Tensor  # (N*H,) rows of the (B*H*T, D) attention output, packed order
-    key: torch.Tensor  # (B, 1, 1, T) 1.0 on keys that are attended to
-    key_bias: torch.Tensor  # (B, 1, 1, T) 0 on those keys, float32's minimum on padding
     b: int
     t: int
 
 
 def _attend(attn: MultiHeadSelfAttention, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
-    """MultiHeadSelfAttention.forward on packed tokens: (1, N, C) -> (1, N, C)."""
+    """MultiHeadSelfAttention.forward on packed tokens: (1, N, C) -> (1, N, C).
+
+    Padding keys are not masked out, they are outweighed: each is a copy of a real key r of its
+    row (forward's `slot`) scored PADDING_PENALTY lower, so its softmax weight is exactly
+    e^-30 ~ 9.4e-14 times r's. With n padding keys, the real keys' share of the weights and of
+    the output moves by at most n * 9.4e-14 relative (6e-12 at 64 keys, 4.8e-11 at 512): far
+    below float32's resolution (6e-8), so the result is the masked attention's, to rounding.
+    And since a padding score is never more than 30 below a real one, exp() stays a normal
+    float (it needs a real key scoring 57 below its row's max to go subnormal).
+
+    Why not mask: with float32's minimum added to padding scores, onnxruntime's vectorized
+    exp() goes through subnormal intermediates on them, each a microcode assist (Softmax ran
+    5x slower with half the keys padding). Two exact alternatives were measured, interleaved on
+    the test split (1 thread, onnxruntime 1.32): a softmax floor (ReduceMax, Sub, Max on the
+    (B, H, T, T) scores, and zeroed padding values): this is 1.11x faster for fp32 and 1.13x for
+    int8 at batch 32, 1.13x / 1.11x at batch 1; zero padding values with a D+1-th value column
+    of ones to divide by: this is 1.02x / 1.04x faster at batch 32, 1.15x / 1.25x at batch 1.
+    """
     h, d, b, t = attn.n_heads, attn.head_dim, rows.b, rows.t
     qkv = attn.qkv(x).reshape(-1, d)  # (N*3H, D)
     q = qkv.index_select(0, rows.grid).view(b, h, t, d)
     k = qkv.index_select(0, rows.grid + h).view(b, h, t, d)
     v = qkv.index_select(0, rows.grid + 2 * h).view(b, h, t, d)
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # (B, H, T, T)
-    # An additive mask, not masked_fill: onnxruntime's Where with a (B, 1, 1, T) condition takes
-    # 3-4x as long as this broadcast Add (1.05 vs 0.3 ms at 32x4x48x48). Then the floor (see
-    # SOFTMAX_FLOOR), and zero values for padding keys: (B, H, T, D) is smaller than the
-    # (B, H, T, T) weights once T > D.
-    masked = scores + rows.key_bias  # (B, H, T, T)
-    floor = masked.amax(dim=-1, keepdim=True) - SOFTMAX_FLOOR  # (B, H, T, 1)
-    weights = F.softmax(torch.maximum(masked, floor), dim=-1)  # (B, H, T, T)
-    y = weights @ (v * rows.key.transpose(-1, -2))  # (B, H, T, D)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d)) + rows.penalty  # (B, H, T, T)
+    y = F.softmax(scores, dim=-1) @ v  # (B, H, T, D)
     y = y.reshape(-1, d).index_select(0, rows.back).view(1, -1, h * d)  # (1, N, C)
     return attn.out(y)

@@ -45,7 +45,8 @@ DEFAULT_EXPORTER = "torchscript"
 # ORT profile of the dense graph at batch 32: MatMul 47% of the time, half of it on padding;
 # Softmax 16%, mostly subnormal-exp assists on the padding keys; Where (the mask) 5%.
 # Since then its attention gathers q, k, v straight into (B, H, T, D) (no split/transposes):
-# 1.69x PyTorch at batch 32 in `make bench`, 2.41x at batch 1.
+# 1.69x PyTorch at batch 32 in `make bench`, 2.41x at batch 1; and padding keys are outweighed
+# instead of masked with a softmax floor (padding_free._attend): another 1.11x fp32, 1.13x int8.
 # `padding_free=False` exports the model's own forward.
 DEFAULT_PADDING_FREE = True
 
@@ -150,7 +151,11 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, object]:
     """Dynamic INT8 quantization (weights int8 once, activations uint8 per batch at run time).
 
     Per-tensor weights: per-channel gave the same test accuracy on the default model (75.39%)
-    and was slower at batch 32 in our CPU measurement. Returns the settings, for the manifest.
+    and was slower at batch 32 in our CPU measurement. MatMul and Gemm only: the quantizer's
+    default also stores the embedding table as int8 and dequantizes every looked-up row at run
+    time, a pass over (B, T, C) per batch (~1% of a batch of 32) for no arithmetic saved, and
+    0.08 points of test accuracy lost; the cost of keeping it is ~3 MB more on disk.
+    Returns the settings, for the manifest.
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -160,6 +165,7 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, object]:
         "activation_type": "QUInt8 (dynamic)",
         "per_channel": False,
         "reduce_range": False,
+        "op_types": ["MatMul", "Gemm"],
     }
     # The quantizer logs each tensor it skips to the root logger at INFO; keep that out of the
     # export's output without touching the root logger's level.
@@ -167,7 +173,12 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, object]:
     logging.getLogger().addFilter(noise)
     try:
         quantize_dynamic(
-            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=False, reduce_range=False
+            str(src),
+            str(dst),
+            weight_type=QuantType.QInt8,
+            per_channel=False,
+            reduce_range=False,
+            op_types_to_quantize=["MatMul", "Gemm"],
         )
     finally:
         logging.getLogger().removeFilter(noise)
@@ -186,20 +197,17 @@ class _DropRecordsFrom(logging.Filter):
 def convert_fp16(src: Path, dst: Path) -> dict[str, object]:
     """Float16 weights and arithmetic for the CUDA provider; inputs stay int64, logits float32.
 
-    Constants beyond float16's range (the attention mask's float32 minimum) are clamped to
-    ±65504, which still gives padding keys a zero softmax weight.
+    Constants beyond float16's range (the dense graph's attention mask: float32's minimum) are
+    clamped to ±65504, which still gives padding keys a zero softmax weight; the padding-free
+    graph has no such constant. Ops on the converter's default list stay in float32.
     """
-    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+    from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    # Max is on the converter's default keep-in-float32 list, but onnxruntime runs it in float16
-    # on CPU and CUDA; kept in float32 (the padding-free graph's softmax floor), the converter
-    # puts its Cast nodes out of topological order and onnx.checker refuses the graph.
-    blocked = [op for op in DEFAULT_OP_BLOCK_LIST if op != "Max"]
     model = onnx.load(str(src))
-    converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked)
+    converted = convert_float_to_float16(model, keep_io_types=True)
     onnx.save(converted, str(dst))
     return {
         "method": "onnxruntime.transformers.float16",
         "keep_io_types": True,
-        "op_block_list": "default minus Max",
+        "op_block_list": "default",
     }
