@@ -321,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(binary)
         return 0
     args.output.mkdir(parents=True, exist_ok=True)
+    for stale in args.output.glob("perf_analyzer_[cr]*.csv"):  # a previous run's levels
+        stale.unlink()
     texts = load_texts(args.texts or default_texts(), args.num_texts)
     input_data = write_input_data(texts, args.output / "perf_analyzer_input.json")
     if args.repository is None:

@@ -30,6 +30,8 @@ def test_perf_analyzer_reports_every_concurrency_level(
 ) -> None:
     """The `make bench` path: the script starts `textserve serve` itself, then sweeps."""
     model = "tiny"
+    stale = tmp_path / "perf_analyzer_r999.9.csv"  # a level of an earlier run into this folder
+    stale.write_text("old\n")
     status = main(
         [
             *("--repository", str(tiny_repository), "--model", model),
@@ -58,5 +60,11 @@ def test_perf_analyzer_reports_every_concurrency_level(
         assert report["server_compute_infer_ms"] > 0
     sent = json.loads((tmp_path / "perf_analyzer_input.json").read_text())["data"]
     assert len(sent) == 50 and all(d["TEXT"]["shape"] == [1] for d in sent)
+    # The folder holds this run's levels only.
+    assert sorted(p.name for p in tmp_path.glob("perf_analyzer_[cr]*.csv")) == [
+        "perf_analyzer_c1.csv",
+        "perf_analyzer_c2.csv",
+        f"perf_analyzer_r{open_loop['request_rate']:g}.csv",
+    ]
     # The server it started drained and stopped by itself.
     assert "stopped after" in (tmp_path / "perf_analyzer_server.log").read_text()
