@@ -46,7 +46,7 @@ DEFAULT_EXPORTER = "torchscript"
 # Softmax 16%, mostly subnormal-exp assists on the padding keys; Where (the mask) 5%.
 # Since then its attention gathers q, k, v straight into (B, H, T, D) (no split/transposes):
 # 1.69x PyTorch at batch 32 in `make bench`, 2.41x at batch 1; and padding keys are outweighed
-# instead of masked with a softmax floor (padding_free._attend): another 1.11x fp32, 1.13x int8.
+# instead of masked with a softmax floor (padding_free._attend): another 1.15x fp32, 1.19x int8.
 # `padding_free=False` exports the model's own forward.
 DEFAULT_PADDING_FREE = True
 
