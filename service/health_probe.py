@@ -6,6 +6,10 @@ serving image lacks (no grpc_health_probe binary to fetch and trust). Use::
     python -m service.health_probe --address 127.0.0.1:50051 [--service NAME] [--timeout 3]
         [--tls-ca ca.pem [--tls-server-name NAME]] [--tls-cert client.pem --tls-key client.key]
 
+Every flag falls back to a TEXTSERVE_PROBE_* environment variable (TEXTSERVE_PROBE_TLS_CA for
+--tls-ca, ...), so a container serving TLS gives its fixed HEALTHCHECK the CA (and, for mutual
+TLS, a client certificate) through its environment.
+
 Exit status: 0 SERVING, 1 anything else (NOT_SERVING, unknown service, unreachable, timeout),
 with one line on stderr saying which.
 """
@@ -13,6 +17,7 @@ with one line on stderr saying which.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -43,14 +48,28 @@ def probe(address: str, service: str = "", timeout: float = 3.0, **tls: Any) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.health_probe", description=__doc__)
-    parser.add_argument("--address", default=DEFAULT_ADDRESS, help="server HOST:PORT")
-    parser.add_argument("--service", default="", help='health service name ("" = server)')
-    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for a reply")
-    parser.add_argument("--tls", action="store_true", help="TLS, trusting the system's roots")
-    parser.add_argument("--tls-ca", help="PEM CA bundle to trust (implies --tls)")
-    parser.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
-    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    parser.add_argument("--tls-server-name", help="name the server's certificate must carry")
+
+    def flag(name: str, default: str | None, help: str, **kwargs: Any) -> None:
+        # The image's HEALTHCHECK has fixed arguments: a container that serves TLS tells its
+        # probe how to connect through the environment instead (e.g. TEXTSERVE_PROBE_TLS_CA).
+        env = "TEXTSERVE_PROBE_" + name.upper().replace("-", "_")
+        value = os.environ.get(env, default)
+        parser.add_argument(f"--{name}", default=value, help=f"{help} [{env}]", **kwargs)
+
+    flag("address", DEFAULT_ADDRESS, "server HOST:PORT")
+    flag("service", "", 'health service name ("" = server)')
+    flag("timeout", "3.0", "seconds to wait for a reply", type=float)
+    tls_env = os.environ.get("TEXTSERVE_PROBE_TLS", "").strip().lower() in ("1", "true", "yes")
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        default=tls_env,
+        help="TLS, trusting the system's roots [TEXTSERVE_PROBE_TLS=1]",
+    )
+    flag("tls-ca", None, "PEM CA bundle to trust (implies --tls)")
+    flag("tls-cert", None, "PEM client certificate (mutual TLS)")
+    flag("tls-key", None, "PEM private key of --tls-cert")
+    flag("tls-server-name", None, "name the server's certificate must carry")
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout}")

@@ -133,6 +133,21 @@ def test_health_probe_speaks_mutual_tls(mtls_server: RunningServer, pki: Pki) ->
     assert health_probe.main(["--address", mtls_server.address, "--timeout", "5"]) == 1
 
 
+def test_health_probe_takes_its_tls_settings_from_the_environment(
+    mtls_server: RunningServer, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The image's HEALTHCHECK passes only --address: a TLS container configures it by env.
+    healthcheck = ["--address", mtls_server.address]
+    monkeypatch.setenv("TEXTSERVE_PROBE_TIMEOUT", "5")
+    monkeypatch.setenv("TEXTSERVE_PROBE_TLS_CA", str(pki.ca_cert))
+    assert health_probe.main(healthcheck) == 1  # mutual TLS: no client certificate yet
+    monkeypatch.setenv("TEXTSERVE_PROBE_TLS_CERT", str(pki.client_cert))
+    monkeypatch.setenv("TEXTSERVE_PROBE_TLS_KEY", str(pki.client_key))
+    assert health_probe.main(healthcheck) == 0
+    monkeypatch.setenv("TEXTSERVE_PROBE_TLS_SERVER_NAME", "not-the-server.example")
+    assert health_probe.main(healthcheck) == 1  # the certificate does not carry that name
+
+
 def test_classify_cli_speaks_mutual_tls_and_sends_the_token(
     mtls_server: RunningServer,
     pki: Pki,
