@@ -55,6 +55,8 @@ class VersionRecord:
     handle: ModelHandle | None = None
     on_disk: bool = True
     failed_files: tuple[tuple[str, int, int], ...] = ()  # fingerprint when it FAILED
+    loaded_files: tuple[tuple[str, int, int], ...] = ()  # fingerprint when it was loaded
+    changed_files: tuple[tuple[str, int, int], ...] = ()  # last in-place change warned about
 
 
 @dataclass
@@ -244,10 +246,28 @@ class ModelRepository:
                         "model %s version %d changed on disk: trying it again", name, version
                     )
                     entry.state, entry.reason = State.AVAILABLE, ""
+                elif entry.state is State.READY:
+                    self._warn_if_rewritten(name, entry)
         for name, record in self.models.items():
             on_disk = found.get(name, {})
             for entry in record.versions.values():
                 entry.on_disk = entry.version in on_disk
+
+    @staticmethod
+    def _warn_if_rewritten(name: str, entry: VersionRecord) -> None:
+        """Versions are immutable (an export publishes a new one): files of a served version
+        rewritten in place are not reloaded, the copy verified at load keeps serving. Said once
+        per change, since a silent mismatch between disk and what answers is worse."""
+        now = fingerprint(entry.path)
+        if not now or now == entry.loaded_files or now == entry.changed_files:
+            return
+        entry.changed_files = now
+        logger.warning(
+            "model %s version %d: its files changed on disk since it was loaded; still serving "
+            "the copy verified at load. Versions are immutable: publish the change as a new "
+            "version (textserve export), which is picked up and verified",
+            name, entry.version,
+        )  # fmt: skip
 
     def _refresh_policy(self, record: ModelRecord) -> None:
         try:
@@ -282,6 +302,7 @@ class ModelRepository:
         reason logged and counted) if it cannot be served."""
         name, version = record.name, entry.version
         entry.state = State.LOADING
+        entry.loaded_files, entry.changed_files = fingerprint(entry.path), ()
         loop = asyncio.get_running_loop()
         try:
             handle = await loop.run_in_executor(None, self._load_blocking, entry.path)

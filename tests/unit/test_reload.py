@@ -221,6 +221,28 @@ def test_a_refused_version_is_tried_again_once_its_files_change(tmp_path: Path) 
     run(tmp_path, body)
 
 
+def test_a_served_version_rewritten_in_place_keeps_serving_its_copy_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = make_version(tmp_path, "m", 1)
+    other = make_version(tmp_path / "elsewhere", "m", 1, seed=1)
+
+    async def body(repository: ModelRepository) -> None:
+        before = (await repository.get().classify(["good"])).probabilities
+        assert await repository.reconcile() == [] and "changed on disk" not in caplog.text
+        shutil.copy(other / MODEL_FILE, served / MODEL_FILE)  # overwritten in place
+        caplog.clear()
+        for _ in range(3):  # said once per change, not at every scan
+            assert await repository.reconcile() == []
+        assert caplog.text.count("model m version 1: its files changed on disk") == 1
+        assert repository.get().version == 1
+        after = (await repository.get().classify(["good"])).probabilities
+        assert (after == before).all()  # still the copy verified at load
+
+    with caplog.at_level("WARNING", logger="service.repository"):
+        run(tmp_path, body)
+
+
 def test_policy_all_and_latest_n(tmp_path: Path) -> None:
     for version in (1, 2, 3):
         make_version(tmp_path, "m", version)
