@@ -9,10 +9,10 @@ split at batch 32: 49% real tokens) and the position-wise layers (QKV and output
 feed-forward, LayerNorm: ~94% of the matmul FLOPs at T = 48) compute it for nothing. This
 module gives the same logits from the same weights (it shares the model's modules) but runs
 those layers on the N real tokens only, packed as one (1, N, C) sequence. Attention, which
-mixes the tokens of one text, runs on the (B, H, T, D) grid: q and k are gathered there
-straight from the packed projection's rows of D values, v from a table of those rows, and the
-result is gathered straight back into packed tokens (no split, no transposes: measured 1.15x
-the fp32 graph that gathered (B, T, 3C), split and transposed, at batch 32).
+mixes the tokens of one text, runs on the (B, H, T, D) grid: q, k and v are gathered there
+straight from the packed projection's rows of D values, and the result is gathered straight
+back into packed tokens (no split, no transposes: measured 1.15x the fp32 graph that gathered
+(B, T, 3C), split and transposed, at batch 32).
 
 Padding keys are copies of real keys of their row, scored PADDING_PENALTY lower (see `_attend`).
 Eval only: dropout is left out.
@@ -85,7 +85,8 @@ class PaddingFreeClassifier(nn.Module):
         back = back.reshape(b * t, h).index_select(0, keep).reshape(-1)  # (N*H,)
         penalty = (~computed).to(m.tok_emb.weight.dtype) * -PADDING_PENALTY  # (B, T)
         # Expanded over the query axis once: onnxruntime adds a (B, 1, 1, T) operand to the
-        # (B, H, T, T) scores one T-long span at a time, 4x slower than (B, 1, T, T)'s T*T spans.
+        # (B, H, T, T) scores one T-long span at a time, 1.5x slower than (B, 1, T, T)'s T*T
+        # spans (0.375 vs 0.25 ms a layer at batch 32; (B, H, T, T) was no faster).
         penalty = penalty.view(b, 1, 1, t).expand(b, 1, t, t)
         rows = _Rows(grid.reshape(-1), penalty, back, b, t)
 
@@ -128,8 +129,8 @@ def _attend(attn: MultiHeadSelfAttention, x: torch.Tensor, rows: _Rows) -> torch
     """MultiHeadSelfAttention.forward on packed tokens: (1, N, C) -> (1, N, C).
 
     Padding keys are not masked out, they are outweighed: each is a copy of a real key r of its
-    row (forward's `slot`) scored PADDING_PENALTY lower, so its softmax weight is exactly
-    e^-30 ~ 9.4e-14 times r's. With n padding keys, the real keys' share of the weights and of
+    row (forward's `slot`) scored PADDING_PENALTY lower, so its softmax weight is e^-30 ~
+    9.4e-14 times r's. With n padding keys, the real keys' share of the weights and of
     the output moves by at most n * 9.4e-14 relative (6e-12 at 64 keys, 4.8e-11 at 512): far
     below float32's resolution (6e-8), so the result is the masked attention's, to rounding.
     And since a padding score is never more than 30 below a real one, exp() stays a normal
