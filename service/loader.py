@@ -29,9 +29,14 @@ class LoadError(Exception):
         self.reason = reason
 
 
-def fingerprint(path: Path) -> tuple[tuple[str, int, int], ...]:
+# (name, size, mtime_ns) of each file of a version directory, sorted
+Files = tuple[tuple[str, int, int], ...]
+
+
+def fingerprint(path: Path) -> Files:
     """(name, size, mtime) of each file of a version directory: a refused version is tried
-    again only once its files change (e.g. a copy that was still being written)."""
+    again only once its files change (e.g. a copy that was still being written), and a served
+    one rewritten in place is noticed."""
     try:
         entries = [(e.name, e.stat()) for e in os.scandir(path) if e.is_file()]
     except OSError:

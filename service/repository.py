@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from service.config import ServerConfig
 from service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
-from service.loader import LoadError, fingerprint, load_version_dir
+from service.loader import Files, LoadError, fingerprint, load_version_dir
 from service.manifest import MANIFEST_FILE
 from service.version_policy import LATEST, PolicyError, VersionPolicy, read_policy_file
 from service.watcher import RepositoryWatcher
@@ -54,9 +54,8 @@ class VersionRecord:
     reason: str = ""  # why FAILED
     handle: ModelHandle | None = None
     on_disk: bool = True
-    failed_files: tuple[tuple[str, int, int], ...] = ()  # fingerprint when it FAILED
-    loaded_files: tuple[tuple[str, int, int], ...] = ()  # fingerprint when it was loaded
-    changed_files: tuple[tuple[str, int, int], ...] = ()  # last in-place change warned about
+    loaded_files: Files = ()  # fingerprint when loading it was last tried (FAILED or READY)
+    changed_files: Files = ()  # READY: the last in-place change warned about
 
 
 @dataclass
@@ -122,6 +121,13 @@ def scan(root: Path) -> dict[str, dict[int, Path]]:
         if versions:
             found[model_dir.name] = versions
     return found
+
+
+def _scan_watching(
+    root: Path, watched: Iterable[Path]
+) -> tuple[dict[str, dict[int, Path]], dict[Path, Files]]:
+    """`scan(root)`, and the fingerprint of each watched version directory."""
+    return scan(root), {path: fingerprint(path) for path in watched}
 
 
 class ModelRepository:
@@ -199,8 +205,7 @@ class ModelRepository:
             return await self._reconcile(None if names is None else set(names))
 
     async def _reconcile(self, names: set[str] | None) -> list[ReloadEvent]:
-        found = await asyncio.get_running_loop().run_in_executor(None, scan, self.root)
-        self._update_records(found)
+        await self._rescan()
         events: list[ReloadEvent] = []
         for record in list(self.models.values()):
             if names is not None and record.name not in names:
@@ -235,39 +240,51 @@ class ModelRepository:
         """Whether any model has a version that takes requests."""
         return any(record.ready() for record in self.models.values())
 
-    def _update_records(self, found: dict[str, dict[int, Path]]) -> None:
+    async def _rescan(self) -> None:
+        """Scan the repository into the records. The files of refused and served versions are
+        watched for changes; like the scan, reading them stays off the event loop (a slow or
+        hung mount must not stall serving)."""
+        watched = [
+            entry.path
+            for record in self.models.values()
+            for entry in record.versions.values()
+            if entry.state in (State.FAILED, State.READY)
+        ]
+        found, files = await asyncio.get_running_loop().run_in_executor(
+            None, _scan_watching, self.root, watched
+        )
+        self._update_records(found, files)
+
+    def _update_records(self, found: dict[str, dict[int, Path]], files: dict[Path, Files]) -> None:
         for name, versions in found.items():
             record = self.models.setdefault(name, ModelRecord(name))
             for version, path in versions.items():
                 entry = record.versions.setdefault(version, VersionRecord(version, path))
                 entry.on_disk = True
-                if entry.state is State.FAILED and fingerprint(path) != entry.failed_files:
+                now = files.get(path)
+                if now is None or now == entry.loaded_files:
+                    continue
+                if entry.state is State.FAILED:
                     logger.info(
                         "model %s version %d changed on disk: trying it again", name, version
                     )
                     entry.state, entry.reason = State.AVAILABLE, ""
-                elif entry.state is State.READY:
-                    self._warn_if_rewritten(name, entry)
+                elif entry.state is State.READY and now and now != entry.changed_files:
+                    # Versions are immutable (an export publishes a new one): files of a served
+                    # version rewritten in place are not reloaded, the copy verified at load
+                    # keeps serving. Said once per change: a silent mismatch is worse.
+                    entry.changed_files = now
+                    logger.warning(
+                        "model %s version %d: its files changed on disk since it was loaded; "
+                        "still serving the copy verified at load. Versions are immutable: "
+                        "publish the change as a new version (textserve export), which is "
+                        "picked up and verified",
+                        name, version,
+                    )  # fmt: skip
         for name, record in self.models.items():
             on_disk = found.get(name, {})
             for entry in record.versions.values():
                 entry.on_disk = entry.version in on_disk
-
-    @staticmethod
-    def _warn_if_rewritten(name: str, entry: VersionRecord) -> None:
-        """Versions are immutable (an export publishes a new one): files of a served version
-        rewritten in place are not reloaded, the copy verified at load keeps serving. Said once
-        per change, since a silent mismatch between disk and what answers is worse."""
-        now = fingerprint(entry.path)
-        if not now or now == entry.loaded_files or now == entry.changed_files:
-            return
-        entry.changed_files = now
-        logger.warning(
-            "model %s version %d: its files changed on disk since it was loaded; still serving "
-            "the copy verified at load. Versions are immutable: publish the change as a new "
-            "version (textserve export), which is picked up and verified",
-            name, entry.version,
-        )  # fmt: skip
 
     def _refresh_policy(self, record: ModelRecord) -> None:
         try:
@@ -302,9 +319,11 @@ class ModelRepository:
         reason logged and counted) if it cannot be served."""
         name, version = record.name, entry.version
         entry.state = State.LOADING
-        entry.loaded_files, entry.changed_files = fingerprint(entry.path), ()
         loop = asyncio.get_running_loop()
         try:
+            # Taken before loading: files that change during the load differ at the next scan.
+            entry.loaded_files = await loop.run_in_executor(None, fingerprint, entry.path)
+            entry.changed_files = ()
             handle = await loop.run_in_executor(None, self._load_blocking, entry.path)
         except LoadError as exc:
             self._refuse(record, entry, str(exc), exc.reason)
@@ -335,7 +354,6 @@ class ModelRepository:
 
     def _refuse(self, record: ModelRecord, entry: VersionRecord, reason: str, label: str) -> None:
         entry.state, entry.reason = State.FAILED, reason
-        entry.failed_files = fingerprint(entry.path)
         serving = record.ready()
         logger.error(
             "model %s version %d refused (%s): %s%s",
@@ -386,8 +404,7 @@ class ModelRepository:
         None serve what the policy picks again, retrying refused versions. LoadFailedError if
         nothing asked for could be served."""
         async with self._lock:
-            found = await asyncio.get_running_loop().run_in_executor(None, scan, self.root)
-            self._update_records(found)
+            await self._rescan()
             record = self._record(name)
             if version:
                 entry = self._entry(record, version)
