@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # name -> (module, one-line help). Modules are imported only to build their parser.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -30,6 +32,26 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 class CliError(Exception):
     """An error for the user: printed as one line, exit status 2, no traceback."""
+
+
+def env_flag(
+    parser: argparse.ArgumentParser,
+    prefix: str,
+    name: str,
+    default: str | None,
+    help: str,
+    **kwargs: Any,
+) -> None:
+    """--NAME, falling back to the environment variable PREFIX + NAME (upper case, - as _),
+    which --help names: flags read at the edge, for containers configured by environment."""
+    env = prefix + name.upper().replace("-", "_")
+    value = os.environ.get(env, default)
+    parser.add_argument(f"--{name}", default=value, help=f"{help} [{env}]", **kwargs)
+
+
+def env_switch(env: str) -> bool:
+    """Whether the environment variable `env` turns a switch on (1, true, yes, on)."""
+    return os.environ.get(env, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,10 +17,12 @@ with one line on stderr saying which.
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from service.cli import env_flag, env_switch
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
@@ -49,21 +51,16 @@ def probe(address: str, service: str = "", timeout: float = 3.0, **tls: Any) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.health_probe", description=__doc__)
 
-    def flag(name: str, default: str | None, help: str, **kwargs: Any) -> None:
-        # The image's HEALTHCHECK has fixed arguments: a container that serves TLS tells its
-        # probe how to connect through the environment instead (e.g. TEXTSERVE_PROBE_TLS_CA).
-        env = "TEXTSERVE_PROBE_" + name.upper().replace("-", "_")
-        value = os.environ.get(env, default)
-        parser.add_argument(f"--{name}", default=value, help=f"{help} [{env}]", **kwargs)
-
+    # The image's HEALTHCHECK has fixed arguments: a container that serves TLS tells its probe
+    # how to connect through the environment instead (e.g. TEXTSERVE_PROBE_TLS_CA).
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_PROBE_")
     flag("address", DEFAULT_ADDRESS, "server HOST:PORT")
     flag("service", "", 'health service name ("" = server)')
     flag("timeout", "3.0", "seconds to wait for a reply", type=float)
-    tls_env = os.environ.get("TEXTSERVE_PROBE_TLS", "").strip().lower() in ("1", "true", "yes")
     parser.add_argument(
         "--tls",
         action="store_true",
-        default=tls_env,
+        default=env_switch("TEXTSERVE_PROBE_TLS"),
         help="TLS, trusting the system's roots [TEXTSERVE_PROBE_TLS=1]",
     )
     flag("tls-ca", None, "PEM CA bundle to trust (implies --tls)")

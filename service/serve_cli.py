@@ -7,19 +7,15 @@ at the edge only.
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.cli import CliError
+from service.cli import CliError, env_flag, env_switch
 from service.version_policy import PolicyError, PolicySet, parse_policies
 
 if TYPE_CHECKING:
     from service.config import ServerConfig
-
-
-def _env(flag: str, default: str | None) -> str | None:
-    return os.environ.get("TEXTSERVE_" + flag.upper().replace("-", "_"), default)
 
 
 def _port_or_off(value: str) -> int | None:
@@ -41,14 +37,7 @@ def _policies(value: str) -> PolicySet:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    def flag(name: str, default: str | None, help: str, **kwargs: object) -> None:
-        env = "TEXTSERVE_" + name.upper().replace("-", "_")
-        parser.add_argument(
-            f"--{name}",
-            default=_env(name, default),
-            help=f"{help} [{env}]",
-            **kwargs,  # type: ignore[arg-type]
-        )
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
 
     flag("repository", "models", "model repository: <dir>/<name>/<version>/ (default: models)")
     flag("model", None, "the default model (default: the only model in the repository)")
@@ -83,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--enable-admin",
         action="store_true",
-        default=_env("enable-admin", "") in ("1", "true", "yes", "on"),
+        default=env_switch("TEXTSERVE_ENABLE_ADMIN"),
         help="serve textserve.v1.Admin: LoadModel, UnloadModel, ReloadRepository "
         "(`textserve models load|unload|reload`) [TEXTSERVE_ENABLE_ADMIN=1]",
     )
