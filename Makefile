@@ -32,16 +32,17 @@ system-deps:
 
 ## serve: set up, fetch the default data, train + export the default model if none exists, serve it
 serve: venv
-	$(PY) -m service.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
-	$(PY) -m service.cli serve --repository $(REPOSITORY) --model $(MODEL) \
+	$(PY) -m textserve.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
+	$(PY) -m textserve.cli serve --repository $(REPOSITORY) --model $(MODEL) \
 	  --listen $(HOST):$(PORT) --metrics-port $(METRICS_PORT)
 
-## test: lint, type-check, every test tier
+## test: lint (ruff, import directions), type-check, every test tier
 test: venv system-deps lint typecheck pytest
 
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: venv
 	$(VENV)/bin/mypy
@@ -52,17 +53,17 @@ pytest: venv
 ## protos: regenerate the committed gRPC code (with .pyi stubs) from protos/
 protos: venv
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. \
-	  protos/textserve/v1/*.proto $$(ls protos/inference/*.proto 2>/dev/null)
+	  protos/textserve/v1/*.proto protos/textserve/oip/*.proto
 
 ## bench: the standard benchmark sweep against servers it starts on the default model (a few
 ## minutes); BENCH_ARGS adds `textserve bench` flags, e.g. BENCH_ARGS="--api oip"
 bench: venv
-	$(PY) -m service.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
-	$(PY) -m service.cli bench --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
+	$(PY) -m textserve.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
+	$(PY) -m textserve.cli bench --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
 	  $(BENCH_ARGS)
-	$(PY) bench/perf_analyzer.py --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
+	$(PY) -m textserve.bench.perf_analyzer --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
 	  --concurrency 1,4,16,64,128 --request-rates half-peak
-	$(PY) -m export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \
+	$(PY) -m textserve.export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \
 	  --json bench/results/export_bench.json
 
 clean:

@@ -4,10 +4,10 @@ A second load generator, independent of ``textserve bench``: Triton's own C++ cl
 the KServe v2 gRPC API with real texts and reports throughput and p50/p90/p95/p99 latency per
 concurrency level, plus the server-side queue/compute split it reads from ModelStatistics.
 
-    python bench/perf_analyzer.py --url 127.0.0.1:50051 --model default \\
+    python -m textserve.bench.perf_analyzer --url 127.0.0.1:50051 --model default \\
         --texts runs/<run>/test.jsonl --concurrency 1,2,4,8 --output bench/results
-    python bench/perf_analyzer.py --repository models --model default   # starts a server
-    python bench/perf_analyzer.py --repository models --concurrency 1,128 --request-rates half-peak
+    python -m textserve.bench.perf_analyzer --repository models --model default   # starts a server
+    python -m textserve.bench.perf_analyzer --repository models --concurrency 1,128 --request-rates half-peak
 
 ``--request-rates`` adds open-loop levels: Poisson arrivals at a fixed rate (requests/s), or
 ``half-peak`` for half the highest throughput of the concurrency sweep just run. The summary
@@ -245,7 +245,7 @@ def local_server(
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     command = [
-        *(sys.executable, "-m", "service.cli", "serve", "--repository", str(repository)),
+        *(sys.executable, "-m", "textserve.cli", "serve", "--repository", str(repository)),
         *("--model", model, "--listen", "127.0.0.1:0", "--metrics-port", "off", *extra),
     ]
     with log_path.open("w") as log:

@@ -1,6 +1,6 @@
 """In-process benchmark: onnxruntime against PyTorch eager on the CPU, fp32 and int8, one run.
 
-    .venv/bin/python -m export.bench runs/<run-id> [--repository models --name default]
+    .venv/bin/python -m textserve.export.bench runs/<run-id> [--repository models --name default]
 
 On the run's test-split texts, at batch 1 and 32 (--batch-sizes), each engine runs with the same
 number of CPU threads (--threads). Texts are tokenized once beforehand by the contract's rules,
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from export import transforms, validate
-from export.errors import ExportError
-from model.checkpoint import Run, load_run
-from service.manifest import MODEL_FILE, Manifest, ManifestError, sha256_file
+from textserve.artifact import MODEL_FILE, Manifest, ManifestError, sha256_file
+from textserve.export import transforms, validate
+from textserve.export.errors import ExportError
+from textserve.model.checkpoint import Run, load_run
 
 Predict = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -305,7 +305,7 @@ def format_report(result: BenchResult) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m textserve.export.bench", description=__doc__)
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     parser.add_argument("--repository", type=Path, help="take the graphs from this repository")
     parser.add_argument("--name", default="default", help="model name in --repository (default)")
@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--batch-sizes must be integers, got {args.batch_sizes!r}")
     if not sizes or min(sizes) < 1 or args.threads < 1 or args.rounds < 1:
         parser.error("batch sizes, --threads and --rounds must be >= 1")
-    from model.checkpoint import CheckpointError
+    from textserve.model.checkpoint import CheckpointError
 
     try:
         result = run_benchmark(
@@ -337,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         )
     except (CheckpointError, ExportError) as exc:
-        print(f"export.bench: error: {exc}", file=sys.stderr)
+        print(f"textserve.export.bench: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(result))
     if args.json:

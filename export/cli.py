@@ -69,13 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.cli import CliError
+    from textserve.cli import CliError
 
     if args.threads is not None and args.threads < 1:
         raise CliError(f"--threads must be >= 1, got {args.threads}")
-    from export.errors import CheckFailed, ExportError
-    from export.onnx_export import export_run
-    from service.manifest import MODEL_FILE, Manifest
+    from textserve.artifact import MODEL_FILE, Manifest
+    from textserve.export.errors import CheckFailed, ExportError
+    from textserve.export.onnx_export import export_run
 
     try:
         version_dir = export_run(

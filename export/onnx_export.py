@@ -23,11 +23,11 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from export import transforms, validate
-from export.errors import ExportError
-from export.publish import make_temp_dir, publish
-from model.checkpoint import Run
-from service.manifest import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file
+from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file
+from textserve.export import transforms, validate
+from textserve.export.errors import ExportError
+from textserve.export.publish import make_temp_dir, publish
+from textserve.model.checkpoint import Run
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _check_options(
 
 
 def _load_run(run_dir: str | Path, threads: int | None) -> Run:
-    from model.checkpoint import CheckpointError, load_run
+    from textserve.model.checkpoint import CheckpointError, load_run
 
     if threads:
         torch.set_num_threads(threads)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from model.classifier import EncoderBlock, MultiHeadSelfAttention, TransformerClassifier
+from textserve.model.classifier import EncoderBlock, MultiHeadSelfAttention, TransformerClassifier
 
 # What a padding key's attention score loses against the real key it copies (see _attend).
 PADDING_PENALTY = 30.0

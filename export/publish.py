@@ -17,8 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from export.errors import ExportError
-from service.manifest import Manifest
+from textserve.artifact import Manifest
+from textserve.export.errors import ExportError
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from service.manifest import INPUT_NAMES, OUTPUT_NAME
+from textserve.artifact import INPUT_NAMES, OUTPUT_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,9 @@ EXPORTERS = ("torchscript", "dynamo")
 DEFAULT_EXPORTER = "torchscript"
 
 # Graph form: padding-free by default (export/padding_free.py). Measured on the default model
-# (small preset, 1 thread, onnxruntime 1.32, test split, `python -m export.bench`, medians of 3
-# runs): at batch 32 the dense graph ran at 0.87x PyTorch eager, the padding-free one at 1.75x
+# (small preset, 1 thread, onnxruntime 1.32, test split, `python -m textserve.export.bench`,
+# medians of 3 runs): at batch 32 the dense graph ran at 0.87x PyTorch eager, the padding-free
+# one at 1.75x
 # (2056 vs 1167 texts/s); at batch 1 (nothing to remove, a few more nodes) 2.4x vs 2.7x. The
 # ORT profile of the dense graph at batch 32: MatMul 47% of the time, half of it on padding;
 # Softmax 16%, mostly subnormal-exp assists on the padding keys; Where (the mask) 5%.
@@ -94,7 +95,7 @@ def export_onnx(
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
     if padding_free:
-        from export.padding_free import PaddingFreeClassifier
+        from textserve.export.padding_free import PaddingFreeClassifier
 
         model = PaddingFreeClassifier(model)  # type: ignore[arg-type] # TypeError if it is not one
     model.eval()

@@ -5,8 +5,8 @@
     >>> assert_parity("model.onnx", run.model, inputs, rtol=0, atol=1e-4)  # doctest: +SKIP
 
 Every check raises `CheckFailed` naming the check and the figure that broke it. Inference here
-follows the serving path exactly: `model.tokenizer.encode_batch` (the tokenization contract of
-docs/architecture.md) and an onnxruntime session with ORT_ENABLE_ALL, as service/runtime.py uses.
+follows the serving path exactly: `textserve.tokenization` (the one tokenization) and an
+onnxruntime session with ORT_ENABLE_ALL and the contract's disabled optimizers, as the server.
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
-from export.errors import CheckFailed
-from model.tokenizer import encode_batch
-from service.manifest import INPUT_NAMES, OUTPUT_NAME
-from service.runtime import disabled_optimizers
+from textserve.artifact import INPUT_NAMES, OUTPUT_NAME, disabled_optimizers
+from textserve.export.errors import CheckFailed
+from textserve.tokenization import encode_batch
 
 MIN_OPSET = 17
 FP32_ATOL = 1e-4  # the issue's bound on max |Δlogit| for fp32

@@ -16,8 +16,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from model.classifier import ModelConfig, TransformerClassifier
-from model.tokenizer import PAD_TOKEN
+from textserve.model.classifier import ModelConfig, TransformerClassifier
+from textserve.tokenization import PAD_TOKEN
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

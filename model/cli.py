@@ -1,7 +1,8 @@
 """`textserve train`: train a transformer classifier on labelled text (default: Rotten Tomatoes).
 
 Writes runs/<run-id>/ (or --output-dir): model.safetensors, config.json, tokenizer.json,
-labels.json, metrics.json, test.jsonl, training_curves.png. torch is imported only in `run`.
+labels.json, metrics.json, test.jsonl (the held-out split, for the export's checks) and
+training_curves.png. Needs the training extra: pip install 'textserve[train]'.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from model.data import DEFAULT_CACHE_DIR
-from model.train_config import TrainConfig
+from textserve.model.data import DEFAULT_CACHE_DIR
+from textserve.model.train_config import TrainConfig
 
 # Flags that replace a field of the chosen ModelConfig preset (None: keep the preset's value).
 MODEL_FLAGS = (
@@ -86,10 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from model.checkpoint import CheckpointError
-    from model.data import DataError
-    from model.train import TrainConfigError, train
-    from service.cli import CliError  # the console script's error type: one line, exit 2
+    from textserve.cli import CliError  # the console script's error type: one line, exit 2
+    from textserve.model.checkpoint import CheckpointError
+    from textserve.model.data import DataError
+    from textserve.model.train import TrainConfigError, train
 
     overrides = {
         name: getattr(args, name)

@@ -22,12 +22,13 @@ from torch import nn
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from model import data as data_mod
-from model.checkpoint import CURVES_FILE, save_run
-from model.classifier import ModelConfig, TransformerClassifier
-from model.report import classification_metrics, plot_curves
-from model.tokenizer import PAD_TOKEN_ID, encode_ids, train_tokenizer
-from model.train_config import TrainConfig, TrainConfigError
+from textserve.model import data as data_mod
+from textserve.model.checkpoint import CURVES_FILE, save_run
+from textserve.model.classifier import ModelConfig, TransformerClassifier
+from textserve.model.report import classification_metrics, plot_curves
+from textserve.model.tokenizer import train_tokenizer
+from textserve.model.train_config import TrainConfig, TrainConfigError
+from textserve.tokenization import PAD_TOKEN_ID, encode_ids, pad
 
 logger = logging.getLogger(__name__)
 
@@ -129,13 +130,9 @@ def make_batches(lengths: list[int], batch_size: int, rng: random.Random | None)
 
 
 def collate(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), PAD_TOKEN_ID, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
-    return ids.to(device), mask.to(device)
+    """A batch of encoded rows padded by the contract (textserve.tokenization.pad)."""
+    ids, mask = pad(rows, PAD_TOKEN_ID)
+    return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
 
 
 def predict(

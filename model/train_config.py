@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model.data import DEFAULT_CACHE_DIR
+from textserve.model.data import DEFAULT_CACHE_DIR
 
 
 class TrainConfigError(ValueError):

@@ -1,95 +1,153 @@
-"""The `textserve` console script: one thin subcommand per library function.
+"""`textserve serve`: serve a model repository over gRPC (textserve.v1, health, reflection).
 
-Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`.
-Those modules must import nothing heavy at import time (torch, onnxruntime, grpc) so that
-`textserve --help` is instant and serving never imports torch.
+Every flag falls back to a TEXTSERVE_* environment variable (e.g. TEXTSERVE_LISTEN), read here
+at the edge only.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
-import os
-import sys
-from collections.abc import Sequence
-from typing import Any
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-# name -> (module, one-line help). Modules are imported only to build their parser.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("model.cli", "train a transformer classifier on labelled text"),
-    "export": ("export.cli", "export a training run to ONNX as a new model version"),
-    "models": ("service.models_cli", "list (and, with admin, load/unload) model versions"),
-    "serve": ("service.serve_cli", "serve a model repository over gRPC"),
-    "classify": ("service.classify_cli", "classify texts against a running server"),
-    "bench": ("service.bench_cli", "benchmark a server: throughput and latency percentiles"),
-    "setup-default": (
-        "service.setup_default",
-        "fetch the default data set, train and export the default model if none exists",
-    ),
-}
+from textserve.cli import CliError, env_flag, env_switch
+from textserve.service.repository.policy import PolicyError, PolicySet, parse_policies
+
+if TYPE_CHECKING:
+    from textserve.service.config import ServerConfig
 
 
-class CliError(Exception):
-    """An error for the user: printed as one line, exit status 2, no traceback."""
-
-
-def env_flag(
-    parser: argparse.ArgumentParser,
-    prefix: str,
-    name: str,
-    default: str | None,
-    help: str,
-    **kwargs: Any,
-) -> None:
-    """--NAME, falling back to the environment variable PREFIX + NAME (upper case, - as _),
-    which --help names: flags read at the edge, for containers configured by environment."""
-    env = prefix + name.upper().replace("-", "_")
-    value = os.environ.get(env, default)
-    parser.add_argument(f"--{name}", default=value, help=f"{help} [{env}]", **kwargs)
-
-
-def env_switch(env: str) -> bool:
-    """Whether the environment variable `env` turns a switch on (1, true, yes, on)."""
-    return os.environ.get(env, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="textserve", description=__doc__)
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue  # subcommand not built yet / not installed
-            raise
-        sp = sub.add_parser(name, help=help_text, description=module.__doc__)
-        module.add_arguments(sp)
-        sp.set_defaults(_module=module)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _port_or_off(value: str) -> int | None:
+    if value.lower() in ("off", "none", "-1"):
+        return None
     try:
-        return int(args._module.run(args) or 0)
-    except CliError as exc:
-        print(f"textserve {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a port number or 'off', got {value!r}"
+        ) from None
 
 
-if __name__ == "__main__":
-    # Run main() from the imported module, not from __main__: with `python -m service.cli` this
-    # file is loaded twice, and subcommands raise the importable `service.cli.CliError`.
-    from service.cli import main as _main
+def _policies(value: str) -> PolicySet:
+    try:
+        return parse_policies(value)
+    except PolicyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
-    sys.exit(_main())
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
+
+    flag("repository", "models", "model repository: <dir>/<name>/<version>/ (default: models)")
+    flag("model", None, "the default model (default: the only model in the repository)")
+    flag("listen", "127.0.0.1:50051", "gRPC address HOST:PORT; port 0 picks a free one")
+    flag("device", "auto", "auto: CUDA when available else CPU; cpu; cuda (fails without CUDA)",
+         choices=("auto", "cpu", "cuda"))  # fmt: skip
+    flag("metrics-port", "8000", "Prometheus /metrics port; 0 picks a free one; off disables",
+         type=_port_or_off)  # fmt: skip
+    flag("metrics-host", "127.0.0.1", "address of the metrics endpoint")
+    flag("max-batch-size", "64", "texts per batch", type=int)
+    flag("max-batch-tokens", "8192", "padded tokens per batch (texts x longest)", type=int)
+    flag("max-queue-delay-ms", "0", "how long a text may wait for its batch to fill", type=float)
+    flag("max-padding-ratio", "1", "padding a batch may have once it holds 8 texts (1: any; "
+         "each batch runs as length-sorted sub-batches anyway)", type=float)  # fmt: skip
+    flag("max-queue-size", "4096", "texts waiting per model before requests are refused", type=int)
+    flag("max-texts-per-request", "1024", "texts one request may carry", type=int)
+    flag("max-message-bytes", str(4 * 1024 * 1024), "largest request message in bytes; larger "
+         "ones get RESOURCE_EXHAUSTED", type=int)  # fmt: skip
+    flag("tls-cert", None, "PEM certificate (chain) of the server: serve TLS (with --tls-key)")
+    flag("tls-key", None, "PEM private key of --tls-cert")
+    flag("tls-client-ca", None, "PEM CA bundle: mutual TLS, clients need a certificate it signed")
+    flag("auth-token-file", None, "require 'authorization: Bearer <token>': tokens, one per line "
+         "(health and reflection stay open)")  # fmt: skip
+    flag("intra-op-threads", "0", "onnxruntime threads per operator (0: usable CPUs - 1)", type=int)
+    flag("inter-op-threads", "1", "onnxruntime operators run in parallel", type=int)
+    flag("inference-threads", "1", "batches run at once per model (1 on CPU)", type=int)
+    flag("grace-period", "30", "seconds to finish in-flight work on SIGTERM/SIGINT", type=float)
+    flag("poll-interval", "5", "seconds between scans of the repository for new or removed "
+         "versions; 0: no watching", type=float)  # fmt: skip
+    flag("version-policy", "latest:1", "versions to serve: latest[:N], all, specific:V[,V...]; "
+         "NAME=POLICY for one model (space-separated)", type=_policies)  # fmt: skip
+    parser.add_argument(
+        "--enable-admin",
+        action="store_true",
+        default=env_switch("TEXTSERVE_ENABLE_ADMIN"),
+        help="serve textserve.v1.Admin: LoadModel, UnloadModel, ReloadRepository "
+        "(`textserve models load|unload|reload`) [TEXTSERVE_ENABLE_ADMIN=1]",
+    )
+
+
+def build_config(args: argparse.Namespace) -> ServerConfig:
+    from textserve.service.config import (
+        BatcherConfig,
+        ConfigError,
+        RuntimeConfig,
+        SecurityConfig,
+        ServerConfig,
+    )
+
+    try:
+        return ServerConfig(
+            repository=Path(args.repository),
+            model=args.model or None,
+            listen=args.listen,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+            max_texts_per_request=args.max_texts_per_request,
+            grace_period=args.grace_period,
+            max_message_bytes=args.max_message_bytes,
+            security=SecurityConfig(
+                tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+                tls_key=Path(args.tls_key) if args.tls_key else None,
+                tls_client_ca=Path(args.tls_client_ca) if args.tls_client_ca else None,
+                auth_token_file=Path(args.auth_token_file) if args.auth_token_file else None,
+            ),
+            poll_interval=args.poll_interval,
+            version_policy=args.version_policy,
+            enable_admin=args.enable_admin,
+            runtime=RuntimeConfig(
+                device=args.device,
+                intra_op_threads=args.intra_op_threads,
+                inter_op_threads=args.inter_op_threads,
+                inference_threads=args.inference_threads,
+            ),
+            batcher=BatcherConfig(
+                max_batch_size=args.max_batch_size,
+                max_batch_tokens=args.max_batch_tokens,
+                max_queue_delay=args.max_queue_delay_ms / 1000.0,
+                max_queue_size=args.max_queue_size,
+                max_padding_ratio=args.max_padding_ratio,
+            ),
+        )
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from textserve.service.config import ConfigError
+    from textserve.service.engine.runtime import DeviceUnavailableError
+    from textserve.service.repository.core import LoadError
+    from textserve.service.server import Server, serve
+
+    config = build_config(args)
+
+    def ready(server: Server) -> None:
+        print(
+            f"textserve is serving on {server.address} (metrics: "
+            + (
+                f"http://{args.metrics_host}:{server.metrics_port}/metrics"
+                if server.metrics_port
+                else "off"
+            )
+            + f"). Try:\n  textserve classify --server {server.address} "
+            "'a gripping, beautifully acted film'",
+            flush=True,
+        )
+
+    try:
+        return asyncio.run(serve(config, on_ready=ready))
+    except (LoadError, DeviceUnavailableError, OSError, ConfigError) as exc:
+        raise CliError(str(exc)) from None

@@ -1,4 +1,5 @@
-"""Serving configuration: one frozen dataclass per component, built once at the edge (serve_cli).
+"""Serving configuration: one frozen dataclass per component, built once at the edge
+(service/cli.py).
 
 Nothing below the edge reads os.environ or flags; components get these objects. Each
 dataclass validates itself and says what to do when a value is wrong.
@@ -10,13 +11,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.version_policy import PolicySet
+from textserve.cli import ConfigError  # one type for every bad setting: re-exported
+from textserve.service.repository.policy import PolicySet
+
+__all__ = ["ConfigError"]  # and the dataclasses below
 
 DEVICES = ("auto", "cpu", "cuda")
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message says which flag and what to do."""
 
 
 def usable_cpus() -> int:

@@ -6,7 +6,8 @@ Use::
     metrics.init_model("default")            # every series of the model exists, at zero
     metrics.set_model_info("default", "3", "CPUExecutionProvider")
     metrics.observe_request("Classify", "default", "OK", 0.0042)
-    metrics.observe_batch("default", size=8, tokens=8 * 24, padding_ratio=0.21)
+    model = metrics.for_model("default")     # the engine's series of one model (batcher observer)
+    model.on_batch(size=8, padded_tokens=8 * 24, padding_ratio=0.21, seconds=0.003)
     server, port = start_metrics_server(8000, "0.0.0.0", metrics.registry)
     ...
     server.close()
@@ -284,7 +285,7 @@ class Metrics:
         self._info: dict[str, tuple[str, str]] = {}
         # (method, model, code) -> the labelled children observe_request updates: labels() costs
         # more than an observation, and this runs once per request. Emptied whenever the set
-        # of models changes (remove_model drops the children it holds).
+        # of models changes.
         self._request_children: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
 
     # -- models --------------------------------------------------------------------------
@@ -331,32 +332,14 @@ class Metrics:
         if previous is not None:
             self.model_info.remove(model, *previous)
 
-    def remove_model(self, model: str) -> None:
-        """Drop every series of ``model`` (it was unloaded); its requests become UNKNOWN_MODEL."""
-        with self._lock:
-            self._models.discard(model)
-            self._info.pop(model, None)
-            self._request_children.clear()
-        for metric in (
-            self.request_duration,
-            self.queue_duration,
-            self.tokenize_duration,
-            self.inference_duration,
-            self.batch_size,
-            self.batch_tokens,
-            self.batch_padding_ratio,
-            self.queue_depth,
-            self.requests,
-            self.request_failures,
-            self.model_info,
-            self.model_load_failures,
-        ):
-            metric.remove_by_labels({"model": model})
-
     def model_label(self, model: str) -> str:
         """``model`` if the server initialised it, else UNKNOWN_MODEL (never user text)."""
         with self._lock:
             return model if model in self._models else UNKNOWN_MODEL
+
+    def for_model(self, model: str) -> ModelMetrics:
+        """The series the engine writes for ``model`` (its batcher's observer, tokenization)."""
+        return ModelMetrics(self, model)
 
     # -- observations --------------------------------------------------------------------
 
@@ -389,34 +372,6 @@ class Metrics:
                 self._request_children[(method, model, code)] = children
         return children
 
-    def observe_batch(self, model: str, size: int, tokens: int, padding_ratio: float) -> None:
-        """Record one batch: ``size`` items, ``tokens`` padded tokens, wasted fraction."""
-        if size < 1 or tokens < 0:
-            raise ValueError(
-                f"a batch has at least one item and no negative tokens: {size}, {tokens}"
-            )
-        if not 0.0 <= padding_ratio <= 1.0:
-            raise ValueError(f"padding ratio must lie in [0, 1], got {padding_ratio}")
-        self.batch_size.labels(model).observe(size)
-        self.batch_tokens.labels(model).observe(tokens)
-        self.batch_padding_ratio.labels(model).observe(padding_ratio)
-
-    def observe_queue(self, model: str, seconds: float) -> None:
-        """Record how long one item waited in the queue."""
-        self.queue_duration.labels(model).observe(seconds)
-
-    def observe_tokenize(self, model: str, seconds: float) -> None:
-        """Record the tokenization time of one batch."""
-        self.tokenize_duration.labels(model).observe(seconds)
-
-    def observe_inference(self, model: str, seconds: float) -> None:
-        """Record the onnxruntime time of one batch."""
-        self.inference_duration.labels(model).observe(seconds)
-
-    def set_queue_depth(self, model: str, depth: int) -> None:
-        """Set the number of items waiting in the model's queue."""
-        self.queue_depth.labels(model).set(depth)
-
     def count_load_failure(self, model: str, reason: str) -> None:
         """Count a model version that failed to load."""
         if reason not in LOAD_FAILURE_REASONS:
@@ -424,6 +379,44 @@ class Metrics:
                 f"unknown load failure reason {reason!r}; expected one of {LOAD_FAILURE_REASONS}"
             )
         self.model_load_failures.labels(model, reason).inc()
+
+
+class ModelMetrics:
+    """One model's engine series: the batcher's observer (on_batch, on_queue_waits,
+    on_queue_depth) and tokenization (on_tokenize). The labelled children are looked up once:
+    labels() costs more than an observation. Production and tests write through this."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.model = model
+        self._queue = metrics.queue_duration.labels(model)
+        self._depth = metrics.queue_depth.labels(model)
+        self._size = metrics.batch_size.labels(model)
+        self._tokens = metrics.batch_tokens.labels(model)
+        self._padding = metrics.batch_padding_ratio.labels(model)
+        self._inference = metrics.inference_duration.labels(model)
+        self._tokenize = metrics.tokenize_duration.labels(model)
+
+    def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
+        """One model run: ``size`` texts, ``padded_tokens`` (size x width), the wasted fraction,
+        and its onnxruntime time."""
+        self._size.observe(size)
+        self._tokens.observe(padded_tokens)
+        self._padding.observe(min(1.0, max(0.0, padding_ratio)))
+        self._inference.observe(seconds)
+
+    def on_queue_waits(self, waits: Sequence[float]) -> None:
+        """How long each text of a batch waited in the queue."""
+        observe = self._queue.observe
+        for wait in waits:
+            observe(wait)
+
+    def on_queue_depth(self, depth: int) -> None:
+        """Texts waiting in the model's queue now."""
+        self._depth.set(depth)
+
+    def on_tokenize(self, seconds: float) -> None:
+        """The tokenization of one batch."""
+        self._tokenize.observe(seconds)
 
 
 class MetricsServer:

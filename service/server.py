@@ -9,51 +9,37 @@ is the whole life of `textserve serve`, with signal handling.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from service.config import ServerConfig
-from service.decode_guard import DecodeGuard
-from service.metrics import Metrics, MetricsServer, start_metrics_server
-from service.repository import ModelRepository
-from service.security import add_port, auth_interceptors
-from service.tuning import tune_for_serving
+from textserve.service.config import ServerConfig
+from textserve.service.health import NOT_SERVING, SERVING, DrainingHealthServicer
+from textserve.service.metrics import Metrics, MetricsServer, start_metrics_server
+from textserve.service.repository.core import ModelRepository
+from textserve.service.security import add_port
+from textserve.service.servicers import admin, classifier, oip
+from textserve.service.servicers.context import Register, ServingContext
+from textserve.service.servicers.interceptors import DecodeGuard, auth_interceptors
+from textserve.service.tuning import tune_for_serving
 from textserve.v1 import admin_pb2
 
 logger = logging.getLogger(__name__)
 
-# Modules exposing `register(server, ctx) -> list[str]`: the front ends served on the port.
-SERVICES: list[str] = [
-    "service.servicers.classifier",
-    "service.servicers.inference",
-    "service.servicers.admin",  # adds nothing unless --enable-admin
+# The front ends served on the port: each `register(server, ctx) -> list[str]` adds its service
+# and returns its full name (for health and reflection).
+SERVICES: list[Register] = [
+    classifier.register,
+    oip.register,
+    admin.register,  # adds nothing unless --enable-admin
 ]
-
-Register = Callable[[grpc.aio.Server, "ServingContext"], Sequence[str]]
-
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # Stays SERVING while no model is served: it is how one gets loaded again.
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
-
-
-@dataclass
-class ServingContext:
-    """What a front end gets to build its servicer: one repository and one metrics for all."""
-
-    config: ServerConfig
-    repository: ModelRepository
-    metrics: Metrics
 
 
 class Server:
@@ -65,7 +51,7 @@ class Server:
         grpc_server: grpc.aio.Server,
         port: int,
         ctx: ServingContext,
-        health: HealthServicer,
+        health: DrainingHealthServicer,
         service_names: Sequence[str],
     ) -> None:
         self.config = config
@@ -147,38 +133,6 @@ class Server:
             self.metrics_server.close()
 
 
-class DrainingHealthServicer(HealthServicer):
-    """grpc.health.v1 as grpc_health's servicer, except that a Watch stream ends once the server
-    drains: the watcher gets NOT_SERVING, then the stream closes with OK. With the stock
-    servicer an open Watch (a load balancer's or a sidecar's) is an RPC in flight that holds
-    `server.stop(grace)` until the grace period runs out and is then cancelled."""
-
-    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
-        condition = self._server_watchers[request.service]
-        last = None
-        try:
-            async with condition:
-                while True:
-                    status = self._server_status.get(
-                        request.service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
-                    )
-                    if status != last:
-                        await context.write(health_pb2.HealthCheckResponse(status=status))
-                        last = status
-                    if self._gracefully_shutting_down:
-                        return
-                    await condition.wait()
-        finally:
-            self._server_watchers.pop(request.service, None)  # as the stock servicer does
-
-    async def enter_graceful_shutdown(self) -> None:
-        await super().enter_graceful_shutdown()
-        # Watchers of a name that has no status (SERVICE_UNKNOWN) were not notified above.
-        for condition in list(self._server_watchers.values()):
-            async with condition:
-                condition.notify_all()
-
-
 def create_server(
     config: ServerConfig,
     *,
@@ -202,9 +156,8 @@ def create_server(
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
         ],
     )
-    registers: list[Register] = [importlib.import_module(m).register for m in SERVICES]
     names: list[str] = []
-    for register in [*registers, *extra_services]:
+    for register in [*SERVICES, *extra_services]:
         names.extend(register(grpc_server, ctx))
     health = DrainingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, grpc_server)

@@ -15,8 +15,8 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     max_length 64; a few seconds on one CPU thread. Test accuracy is ~1.0.
     """
     pytest.importorskip("torch")
-    from model.synthetic import synthetic_rows, write_jsonl
-    from model.train import TrainConfig, train
+    from textserve.model.synthetic import synthetic_rows, write_jsonl
+    from textserve.model.train import TrainConfig, train
 
     root = tmp_path_factory.mktemp("tiny_run")
     data = write_jsonl(synthetic_rows(600, seed=0), root / "synthetic.jsonl")
@@ -46,7 +46,7 @@ def tiny_repository(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) ->
     the session: treat it as read-only, and `shutil.copytree` it to add or break versions.
     """
     pytest.importorskip("onnxruntime")
-    from export.onnx_export import export_run
+    from textserve.export.onnx_export import export_run
 
     repository = tmp_path_factory.mktemp("models")
     export_run(tiny_run, repository, "tiny", threads=1)

@@ -15,7 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from service.manifest import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file
+from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file
 
 WORDS = ["good", "bad", "film", "great", "awful", "plot", "a", "the", "is", "and"]
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from service.manifest import Manifest
-from service.model import MAX_CHARS_PER_TOKEN, ModelHandle
+from textserve.artifact import Manifest
+from textserve.service.engine.handle import MAX_CHARS_PER_TOKEN, ModelHandle
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 

@@ -29,9 +29,10 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from service.config import RuntimeConfig, ServerConfig
-from service.metrics import Metrics
-from service.server import Register, Server, create_server
+from textserve.service.config import RuntimeConfig, ServerConfig
+from textserve.service.metrics import Metrics
+from textserve.service.server import Server, create_server
+from textserve.service.servicers.context import Register
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -212,7 +213,7 @@ def serve_subprocess(
     """`textserve serve` as a child process on 127.0.0.1:0 (metrics on a free port too), SERVING
     when the block starts; terminated (then killed) at the end if still running."""
     command = [
-        sys.executable, "-m", "service.cli", "serve",
+        sys.executable, "-m", "textserve.cli", "serve",
         "--repository", str(repository),
         "--listen", "127.0.0.1:0",
         "--metrics-port", "0",

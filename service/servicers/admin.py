@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from service.errors import ValidationError, grpc_errors
-from service.repository import ModelRecord, ModelRepository, ReloadEvent
+from textserve.service.errors import ValidationError
+from textserve.service.repository.core import ModelRecord, ModelRepository, ReloadEvent
+from textserve.service.servicers.status import grpc_errors
 from textserve.v1 import admin_pb2 as pb
 from textserve.v1 import admin_pb2_grpc as pb_grpc
 from textserve.v1 import classifier_pb2 as classifier_pb
 
 if TYPE_CHECKING:
-    from service.server import ServingContext
+    from textserve.service.servicers.context import ServingContext
 
 logger = logging.getLogger(__name__)
 

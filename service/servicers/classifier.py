@@ -8,31 +8,30 @@ taxonomy of service/errors.py, mapped by its decorators (unary) or into a respon
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
 
-from service.errors import (
-    code_name,
+from textserve.service.repository.core import ModelRepository, State
+from textserve.service.servicers.status import (
+    deadline_of,
     grpc_code,
     grpc_errors,
     grpc_stream_errors,
     log_unexpected,
+    observed,
     public_message,
 )
-from service.repository import ModelRepository, State
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from service.metrics import Metrics
-    from service.model import ClassifyResult, ModelHandle
-    from service.server import ServingContext
+    from textserve.service.engine.handle import ClassifyResult, ModelHandle
+    from textserve.service.metrics import Metrics
+    from textserve.service.servicers.context import ServingContext
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +44,6 @@ _STATES = {
     State.UNLOADING: pb.MODEL_STATE_UNLOADING,
     State.FAILED: pb.MODEL_STATE_FAILED,
 }
-
-
-def deadline_of(context: Any) -> float | None:
-    """The call's deadline as absolute time.monotonic() seconds (None: no deadline)."""
-    remaining = context.time_remaining()
-    return None if remaining is None else time.monotonic() + remaining
 
 
 def build_response(
@@ -96,33 +89,12 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
         self._repository = repository
         self._metrics = metrics
 
-    @contextlib.contextmanager
-    def _observed(self, method: str, deadline: float | None) -> Iterator[dict[str, str]]:
-        """Count one request in the metrics with its final status code."""
-        started = time.perf_counter()
-        seen = {"model": ""}
-        code = "OK"
-        try:
-            yield seen
-        except asyncio.CancelledError:  # grpc cancels the handler when the caller's deadline
-            expired = deadline is not None and time.monotonic() >= deadline  # passes, too
-            code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
-            raise
-        except Exception as exc:
-            code = code_name(exc)
-            raise
-        finally:
-            if self._metrics is not None:
-                self._metrics.observe_request(
-                    method, seen["model"], code, time.perf_counter() - started
-                )
-
     async def _classify(
         self, request: pb.ClassifyRequest, deadline: float | None, method: str
     ) -> pb.ClassifyResponse:
-        with self._observed(method, deadline) as seen:
+        with observed(self._metrics, method, deadline) as seen:
             handle = self._repository.get(request.model or None, request.version or None)
-            seen["model"] = handle.name
+            seen.model = handle.name
             truncate = request.truncate if request.HasField("truncate") else True
             result = await handle.classify(
                 request.texts, truncate=truncate, deadline=deadline, method=method

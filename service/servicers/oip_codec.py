@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inference import grpc_service_pb2 as pb
-from service.errors import ValidationError
+from textserve.oip import grpc_service_pb2 as pb
+from textserve.service.errors import ValidationError
 
 __all__ = [
     "INPUT_NAME",

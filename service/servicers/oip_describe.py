@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from inference import grpc_service_pb2 as pb
-from inference import model_config_pb2 as mc
-from service.metrics import Metrics
-from service.servicers.oip_codec import INPUT_NAME
+from textserve.oip import grpc_service_pb2 as pb
+from textserve.oip import model_config_pb2 as mc
+from textserve.service.metrics import Metrics
+from textserve.service.servicers.oip_codec import INPUT_NAME
 
 __all__ = ["BACKEND", "PLATFORM", "model_config", "model_metadata", "model_statistics"]
 
@@ -30,7 +30,7 @@ BACKEND = "onnxruntime"
 
 
 class ModelLike(Protocol):
-    """What is read from a model handle (service.repository's handle has these)."""
+    """What is read from a model handle (textserve.service.repository.core's handle has these)."""
 
     @property
     def name(self) -> str: ...

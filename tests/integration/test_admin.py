@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from service.admin_client import AdminClient
-from service.cli import main as cli_main
-from service.client import ClientError
-from service.config import SecurityConfig
-from service.manifest import MODEL_FILE, Manifest
-from service.version_policy import parse_policies
 from tests.serving import RunningServer, health, running_server
+from textserve.client import AdminClient
+from textserve.artifact import MODEL_FILE, Manifest
+from textserve.cli import main as cli_main
+from textserve.client import ClientError
+from textserve.service.config import SecurityConfig
+from textserve.service.repository.policy import parse_policies
 from textserve.v1 import admin_pb2
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from service.benchmark.loadgen import closed_loop, open_loop
-from service.benchmark.requests import build_requests, load_texts
-from service.benchmark.runner import BenchConfig, run_benchmark
 from tests.serving import running_server
+from textserve.bench.loadgen import closed_loop, open_loop
+from textserve.bench.requests import build_requests, load_texts
+from textserve.bench.runner import BenchConfig, run_benchmark
 
 
 @pytest.mark.slow
 def test_a_tiny_benchmark_runs_every_phase_against_real_servers(
     tiny_repository: Path, tiny_run: Path, tmp_path: Path
 ) -> None:
-    from service.benchmark.report import write_results
+    from textserve.bench.report import write_results
 
     config = BenchConfig(
         repository=tiny_repository,

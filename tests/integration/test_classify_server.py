@@ -16,11 +16,11 @@ import onnxruntime
 import pytest
 from tokenizers import Tokenizer
 
-from service.cli import main as cli_main
-from service.config import BatcherConfig, RuntimeConfig
-from service.manifest import Manifest
-from service.model import ModelHandle
 from tests.serving import RunningServer, running_server
+from textserve.artifact import Manifest
+from textserve.cli import main as cli_main
+from textserve.service.config import BatcherConfig, RuntimeConfig
+from textserve.service.engine.handle import ModelHandle
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 

@@ -18,11 +18,11 @@ import pytest
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from export import onnx_export, transforms, validate  # noqa: E402
-from export.errors import CheckFailed, ExportError  # noqa: E402
-from model.checkpoint import load_run  # noqa: E402
-from model.tokenizer import encode_batch, load_tokenizer  # noqa: E402
-from service.manifest import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file  # noqa: E402
+from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file  # noqa: E402
+from textserve.export import onnx_export, transforms, validate  # noqa: E402
+from textserve.export.errors import CheckFailed, ExportError  # noqa: E402
+from textserve.model.checkpoint import load_run  # noqa: E402
+from textserve.tokenization import encode_batch, load_tokenizer  # noqa: E402
 
 
 def entries(model_dir: Path) -> list[str]:
@@ -187,7 +187,7 @@ def test_a_failed_parity_check_publishes_nothing(tiny_run: Path, tmp_path: Path)
     ("target", "error"),
     [
         ("shutil.copyfile", OSError(errno.ENOSPC, "No space left on device")),
-        ("export.transforms.optimize_offline", KeyboardInterrupt()),
+        ("textserve.export.transforms.optimize_offline", KeyboardInterrupt()),
         ("os.rename", OSError(errno.EIO, "Input/output error")),
     ],
 )
@@ -215,7 +215,8 @@ def test_a_killed_export_leaves_no_version_and_the_next_one_cleans_up(
     # A real crash: the exporting process is SIGKILLed halfway, so no cleanup code runs.
     code = f"""
 import os, signal
-from export import onnx_export, transforms
+from textserve.export import onnx_export
+from textserve.export import transforms
 transforms.optimize_offline = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 onnx_export.export_run({str(tiny_run)!r}, {str(tmp_path)!r}, "m", threads=1)
 """

@@ -1,4 +1,4 @@
-"""export.bench runs every engine side by side; figures are reported, never asserted."""
+"""textserve.export.bench runs every engine side by side; figures are reported, never asserted."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from export import bench
+from textserve.export import bench
 
 ENGINES = ["pytorch fp32", "pytorch int8", "onnxruntime fp32", "onnxruntime int8"]
 

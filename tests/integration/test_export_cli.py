@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from export import transforms
-from model.checkpoint import load_run
-from service import cli
+from textserve import cli
+from textserve.export import transforms
+from textserve.model.checkpoint import load_run
 
 
 def test_export_then_list(
@@ -84,10 +84,10 @@ def test_bad_input_exits_2_with_one_line(
 
 
 def test_console_script_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
-    # A real child process through `python -m service.cli`, as `make serve` runs it.
+    # A real child process through `python -m textserve.cli`, as `make serve` runs it.
     repo = tmp_path / "models"
     done = subprocess.run(
-        [sys.executable, "-m", "service.cli", "export", str(tiny_run), "--repository", str(repo),
+        [sys.executable, "-m", "textserve.cli", "export", str(tiny_run), "--repository", str(repo),
          "--name", "cli", "--threads", "1"],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip

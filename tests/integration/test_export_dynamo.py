@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from export import onnx_export
-from service.manifest import Manifest
+from textserve.artifact import Manifest
+from textserve.export import onnx_export
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import main as cli_main
+from textserve.cli import main as cli_main
 
 
 @pytest.mark.parametrize("victim", ["model.onnx", "tokenizer.json"])

@@ -25,11 +25,11 @@ import grpc
 import numpy as np
 import pytest
 
-from inference import grpc_service_pb2 as ipb
-from inference import grpc_service_pb2_grpc as ipb_grpc
-from service.config import BatcherConfig
-from service.servicers.oip_codec import pack_bytes
 from tests.serving import ROOT, RunningServer, running_server, serve_subprocess, wait_for_health
+from textserve.oip import grpc_service_pb2 as ipb
+from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
+from textserve.service.config import BatcherConfig
+from textserve.service.servicers.oip_codec import pack_bytes
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
@@ -46,8 +46,9 @@ def poll(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> Non
 
 
 class FailingSession:
-    """The runtime interface (service.runtime.Session) around the real session, failing the
-    runs whose 1-based numbers are in `fail`, as a GPU fault or a corrupt input would."""
+    """The runtime interface (textserve.service.engine.runtime.Session) around the real session,
+    failing the runs whose 1-based numbers are in `fail`, as a GPU fault or a corrupt input
+    would."""
 
     def __init__(self, real: Any, fail: set[int]) -> None:
         self._real = real
@@ -224,9 +225,9 @@ class OpenLoop:
 # the server has stopped, how many requests the server handled and how many of them failed.
 SERVE_AND_COUNT = """
 import asyncio, json, logging, sys
-from service.cli import build_parser
-from service.serve_cli import build_config
-from service.server import serve
+from textserve.cli import build_parser
+from textserve.service.cli import build_config
+from textserve.service.server import serve
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s: %(message)s")
 servers = []
 status = asyncio.run(serve(build_config(build_parser().parse_args(sys.argv[1:])), servers.append))

@@ -21,11 +21,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inference import grpc_service_pb2 as ipb
-from inference import grpc_service_pb2_grpc as ipb_grpc
-from service.cli import main as cli_main
-from service.client import Client
-from service.servicers.oip_codec import pack_bytes
 from tests.hostile import (
     FUZZ,
     GOOD,
@@ -43,6 +38,11 @@ from tests.hostile import (
     texts_strategy,
 )
 from tests.serving import RunningServer, running_server
+from textserve.cli import main as cli_main
+from textserve.client import Client
+from textserve.oip import grpc_service_pb2 as ipb
+from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
+from textserve.service.servicers.oip_codec import pack_bytes
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
@@ -239,7 +239,7 @@ def test_the_tokenizer_never_sees_more_than_the_character_cap(
     # Responsiveness by construction: tokenizing is linear in characters, so a text's cost is
     # bounded by the cap, not by its size. Watch what reaches the tokenizer.
     handle = server.server.repository.get()
-    real = handle._tokenizer
+    real = handle._tokenization.tokenizer
     lengths: list[int] = []
 
     class Watching:
@@ -250,12 +250,12 @@ def test_the_tokenizer_never_sees_more_than_the_character_cap(
         def __getattr__(self, name: str) -> Any:
             return getattr(real, name)
 
-    handle._tokenizer = Watching()  # type: ignore[assignment]
+    handle._tokenization.tokenizer = Watching()  # type: ignore[assignment]
     try:
         request = pb.ClassifyRequest(texts=[HUGE["words"], HUGE["one-1MB-token"], GOOD])
         pb_grpc.ClassifierStub(channel).Classify(request, timeout=TIMEOUT)
     finally:
-        handle._tokenizer = real
+        handle._tokenization.tokenizer = real
     assert sorted(lengths) == [len(GOOD), reference.max_chars, reference.max_chars]
 
 

@@ -18,9 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference import grpc_service_pb2 as ipb
-from inference import grpc_service_pb2_grpc as ipb_grpc
-from service.servicers.oip_codec import OUTPUT_NAMES, pack_bytes
 from tests.hostile import (
     FUZZ,
     INVALID,
@@ -35,6 +32,9 @@ from tests.hostile import (
     texts_strategy,
 )
 from tests.serving import RunningServer, running_server
+from textserve.oip import grpc_service_pb2 as ipb
+from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
+from textserve.service.servicers.oip_codec import OUTPUT_NAMES, pack_bytes
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,16 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from inference import grpc_service_pb2 as ipb
-from inference import grpc_service_pb2_grpc as ipb_grpc
-from service import health_probe
-from service.cli import main as cli_main
-from service.client import AsyncClient, Client, ClientError
-from service.config import SecurityConfig
-from service.security import channel_credentials
-from service.servicers.oip_codec import pack_bytes
 from tests.certs import Pki, make_pki
 from tests.serving import RunningServer, running_server
+from textserve.cli import main as cli_main
+from textserve.client import AsyncClient, Client, ClientError
+from textserve.commands import probe as health_probe
+from textserve.connect import channel_credentials
+from textserve.oip import grpc_service_pb2 as ipb
+from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
+from textserve.service.config import SecurityConfig
+from textserve.service.servicers.oip_codec import pack_bytes
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 

@@ -1,4 +1,4 @@
-"""service.health_probe (the image's HEALTHCHECK) against a real gRPC health service."""
+"""textserve.commands.probe (the image's HEALTHCHECK) against a real gRPC health service."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from service.health_probe import main, probe
+from textserve.commands.probe import main, probe
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_runs_as_a_module_like_the_healthcheck(
     servicer, address = health_server
     servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     done = subprocess.run(
-        [sys.executable, "-m", "service.health_probe", "--address", address],
+        [sys.executable, "-m", "textserve.commands.probe", "--address", address],
         capture_output=True,
         text=True,
         timeout=60,

@@ -16,15 +16,15 @@ import grpc
 import psutil
 import pytest
 
-from inference import grpc_service_pb2 as oip
-from inference import grpc_service_pb2_grpc as oip_grpc
-from service.admin_client import AdminClient
-from service.manifest import MODEL_FILE, Manifest
-from service.metrics import Metrics
-from service.model import ModelHandle
-from service.runtime import Session
-from service.version_policy import parse_policies
 from tests.serving import running_server
+from textserve.client import AdminClient
+from textserve.artifact import MODEL_FILE, Manifest
+from textserve.oip import grpc_service_pb2 as oip
+from textserve.oip import grpc_service_pb2_grpc as oip_grpc
+from textserve.service.engine.handle import ModelHandle
+from textserve.service.engine.runtime import Session
+from textserve.service.metrics import Metrics
+from textserve.service.repository.policy import parse_policies
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
@@ -110,7 +110,7 @@ def drop_broken_version(model_dir: Path) -> int:
 def test_versions_published_under_load_lose_no_request(
     tiny_run: Path, tiny_repository: Path, tmp_path: Path
 ) -> None:
-    from export.onnx_export import export_run
+    from textserve.export.onnx_export import export_run
 
     repository = tmp_path / "models"
     shutil.copytree(tiny_repository, repository)

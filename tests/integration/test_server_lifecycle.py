@@ -15,11 +15,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from service.cli import main as cli_main
-from service.model import ModelHandle
-from service.runtime import CUDA, available_providers
-from service.server import NOT_SERVING, SERVING
 from tests.serving import health, running_server, serve_subprocess
+from textserve.cli import main as cli_main
+from textserve.service.engine.handle import ModelHandle
+from textserve.service.engine.runtime import CUDA, available_providers
+from textserve.service.health import NOT_SERVING, SERVING
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 

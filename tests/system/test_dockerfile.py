@@ -89,7 +89,7 @@ def test_the_default_target_is_the_lean_non_root_server() -> None:
 def test_the_health_check_asks_the_grpc_health_service_on_the_served_port(stage: str) -> None:
     commands = stages()[stage]
     check = last(commands, "HEALTHCHECK").value
-    assert check[:4] == ("CMD", "/opt/textserve/bin/python", "-m", "service.health_probe")
+    assert check[:4] == ("CMD", "/opt/textserve/bin/python", "-m", "textserve.commands.probe")
     address = check[check.index("--address") + 1]
     cmd = last(commands, "CMD").value
     listen = cmd[cmd.index("--listen") + 1]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.perf_analyzer import ensure_perf_analyzer, main
 from tests.serving import ROOT
+from textserve.bench.perf_analyzer import ensure_perf_analyzer, main
 
 TOOLS = ROOT / ".tools" / "perf_analyzer"
 

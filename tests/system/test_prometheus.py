@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
-from service.client import Client, ClientError
 from tests.serving import RunningServer, running_server
+from textserve.client import Client, ClientError
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"

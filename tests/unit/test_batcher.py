@@ -12,9 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.batcher import Batcher, BatchStats
-from service.config import BatcherConfig
-from service.errors import DeadlineExceededError, InternalError, NotReadyError, OverloadedError
+from textserve.service.config import BatcherConfig
+from textserve.service.engine.batcher import Batcher, BatchStats
+from textserve.service.errors import (
+    DeadlineExceededError,
+    InternalError,
+    NotReadyError,
+    OverloadedError,
+)
 
 
 class FakeModel:

@@ -12,16 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.benchmark.loadgen import poisson_arrivals
-from service.benchmark.report import evaluate_targets, format_table, write_results
-from service.benchmark.requests import (
+from textserve.bench.loadgen import poisson_arrivals
+from textserve.bench.report import evaluate_targets, format_table, write_results
+from textserve.bench.requests import (
     BenchInputError,
     build_requests,
     load_texts,
     sample_batches,
 )
-from service.benchmark.scrape import parse_sample, process_cpu_seconds, server_delta
-from service.benchmark.stats import RawStep, parse_proc_stat, percentiles, summarize
+from textserve.bench.scrape import parse_sample, process_cpu_seconds, server_delta
+from textserve.bench.stats import RawStep, parse_proc_stat, percentiles, summarize
 
 # -- percentiles ---------------------------------------------------------------------------
 
@@ -198,8 +198,8 @@ def test_v1_requests_carry_the_texts_and_model() -> None:
 
 
 def test_oip_requests_decode_with_the_servers_own_codec() -> None:
-    from inference import grpc_service_pb2 as oip
-    from service.servicers.oip_codec import decode_request
+    from textserve.oip import grpc_service_pb2 as oip
+    from textserve.service.servicers.oip_codec import decode_request
 
     texts = ["caf\u00e9 society", "a long, slow film", "ok"]
     pool = build_requests(texts, "oip", 3, "default", count=2)
@@ -329,7 +329,7 @@ def test_report_files_hold_every_figure(tmp_path: Path) -> None:
 
 
 def _parse(*argv: str) -> argparse.Namespace:
-    from service import bench_cli
+    from textserve.bench import cli as bench_cli
 
     parser = argparse.ArgumentParser()
     bench_cli.add_arguments(parser)
@@ -337,7 +337,7 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_cli_flags_become_the_config() -> None:
-    from service import bench_cli
+    from textserve.bench import cli as bench_cli
 
     args = _parse("--concurrency", "2,8", "--open-loop", "0.5", "--server-args",
                   "--max-queue-delay-ms 5", "--api", "oip")  # fmt: skip
@@ -356,8 +356,8 @@ def test_cli_refuses_bad_lists(argv: list[str], capsys: pytest.CaptureFixture[st
 
 
 def test_cli_refuses_bad_numbers() -> None:
-    from service import bench_cli
-    from service.cli import CliError
+    from textserve.bench import cli as bench_cli
+    from textserve.cli import CliError
 
     with pytest.raises(CliError, match="--texts-per-request must be at least 1"):
         bench_cli.build_config(_parse("--texts-per-request", "0"))
@@ -368,7 +368,7 @@ def test_cli_refuses_bad_numbers() -> None:
 def test_cli_without_a_model_says_how_to_get_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from service.cli import main
+    from textserve.cli import main
 
     status = main(["bench", "--repository", str(tmp_path), "--output", str(tmp_path / "out")])
     assert status == 2

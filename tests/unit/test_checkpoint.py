@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from model.checkpoint import REQUIRED_FILES, CheckpointError, load_run  # noqa: E402
-from model.tokenizer import encode_batch  # noqa: E402
+from textserve.model.checkpoint import REQUIRED_FILES, CheckpointError, load_run  # noqa: E402
+from textserve.tokenization import encode_batch  # noqa: E402
 
 
 @pytest.fixture

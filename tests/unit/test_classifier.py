@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from model.classifier import (  # noqa: E402 - after the importorskip on purpose
+from textserve.model.classifier import (  # noqa: E402 - after the importorskip on purpose
     PRESETS,
     EncoderBlock,
     ModelConfig,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from model import data as data_mod
-from model.data import (
+from textserve.model import data as data_mod
+from textserve.model.data import (
     DataError,
     LabelledData,
     label_names,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-onnx_export = pytest.importorskip("export.onnx_export")
-from export import publish  # noqa: E402
-from export.errors import ExportError  # noqa: E402
-from service.manifest import Manifest  # noqa: E402
+onnx_export = pytest.importorskip("textserve.export.onnx_export")
+from textserve.artifact import Manifest  # noqa: E402
+from textserve.export import publish  # noqa: E402
+from textserve.export.errors import ExportError  # noqa: E402
 
 
 @pytest.mark.parametrize(

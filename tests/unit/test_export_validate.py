@@ -12,8 +12,8 @@ from onnx import helper
 from tests.handmade import make_onnx
 
 torch = pytest.importorskip("torch")
-validate = pytest.importorskip("export.validate")
-from export.errors import CheckFailed  # noqa: E402
+validate = pytest.importorskip("textserve.export.validate")
+from textserve.export.errors import CheckFailed  # noqa: E402
 
 VOCAB, LABELS = 50, 3
 

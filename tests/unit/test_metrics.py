@@ -1,4 +1,4 @@
-"""service.metrics: values read back from a fresh registry after known traffic."""
+"""textserve.service.metrics: values read back from a fresh registry after known traffic."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.metrics import (
+from textserve.service.metrics import (
     CODES,
     FAILURE_REASONS,
     LATENCY_BUCKETS,
@@ -110,10 +110,10 @@ def test_a_request_for_an_unknown_model_never_creates_a_label_from_user_text(
 
 
 def test_stage_histograms_count_per_stage(metrics: Metrics) -> None:
-    metrics.observe_queue("default", 0.001)
-    metrics.observe_queue("default", 0.002)
-    metrics.observe_tokenize("default", 0.0003)
-    metrics.observe_inference("default", 0.01)
+    model = metrics.for_model("default")
+    model.on_queue_waits([0.001, 0.002])
+    model.on_tokenize(0.0003)
+    model.on_batch(size=1, padded_tokens=4, padding_ratio=0.0, seconds=0.01)
     assert value(metrics, "textserve_queue_duration_seconds_count", model="default") == 2
     assert value(metrics, "textserve_tokenize_duration_seconds_count", model="default") == 1
     assert value(metrics, "textserve_inference_duration_seconds_count", model="default") == 1
@@ -121,23 +121,26 @@ def test_stage_histograms_count_per_stage(metrics: Metrics) -> None:
 
 
 def test_batches_sizes_tokens_and_padding(metrics: Metrics) -> None:
-    metrics.observe_batch("default", size=3, tokens=3 * 20, padding_ratio=0.25)
-    metrics.observe_batch("default", size=8, tokens=8 * 64, padding_ratio=0.0)
-    metrics.observe_batch("default", size=1, tokens=7, padding_ratio=0.0)
-    assert value(metrics, "textserve_batch_size_count", model="default") == 3
-    assert value(metrics, "textserve_batch_size_sum", model="default") == 12
+    model = metrics.for_model("default")
+    model.on_batch(size=3, padded_tokens=3 * 20, padding_ratio=0.25, seconds=0.001)
+    model.on_batch(size=8, padded_tokens=8 * 64, padding_ratio=0.0, seconds=0.001)
+    model.on_batch(size=1, padded_tokens=7, padding_ratio=0.0, seconds=0.001)
+    # a ratio outside [0, 1] (float rounding) is clamped, never an error on the hot path
+    model.on_batch(size=1, padded_tokens=7, padding_ratio=-1e-9, seconds=0.001)
+    assert value(metrics, "textserve_batch_size_count", model="default") == 4
+    assert value(metrics, "textserve_batch_size_sum", model="default") == 13
     # Power-of-two buckets: 1 → le=1, 3 → le=4, 8 → le=8.
-    assert value(metrics, "textserve_batch_size_bucket", model="default", le="1.0") == 1
-    assert value(metrics, "textserve_batch_size_bucket", model="default", le="2.0") == 1
-    assert value(metrics, "textserve_batch_size_bucket", model="default", le="4.0") == 2
-    assert value(metrics, "textserve_batch_size_bucket", model="default", le="8.0") == 3
-    assert value(metrics, "textserve_batch_tokens_sum", model="default") == 60 + 512 + 7
-    assert value(metrics, "textserve_batch_padding_ratio_bucket", model="default", le="0.0") == 2
+    assert value(metrics, "textserve_batch_size_bucket", model="default", le="1.0") == 2
+    assert value(metrics, "textserve_batch_size_bucket", model="default", le="2.0") == 2
+    assert value(metrics, "textserve_batch_size_bucket", model="default", le="4.0") == 3
+    assert value(metrics, "textserve_batch_size_bucket", model="default", le="8.0") == 4
+    assert value(metrics, "textserve_batch_tokens_sum", model="default") == 60 + 512 + 7 + 7
+    assert value(metrics, "textserve_batch_padding_ratio_bucket", model="default", le="0.0") == 3
     assert value(metrics, "textserve_batch_padding_ratio_sum", model="default") == 0.25
 
 
 def test_queue_depth_and_load_failures(metrics: Metrics) -> None:
-    metrics.set_queue_depth("default", 17)
+    metrics.for_model("default").on_queue_depth(17)
     assert value(metrics, "textserve_queue_depth", model="default") == 17
     metrics.count_load_failure("default", "checksum_mismatch")
     labels = {"model": "default", "reason": "checksum_mismatch"}
@@ -153,31 +156,11 @@ def test_model_info_keeps_only_the_served_version(metrics: Metrics) -> None:
     assert value(metrics, "textserve_model_info", **new) == 1
 
 
-def test_remove_model_drops_every_series_of_that_model_only(metrics: Metrics) -> None:
-    metrics.init_model("other")
-    metrics.set_model_info("default", 3, "CPUExecutionProvider")
-    metrics.observe_request("Classify", "default", "OK", 0.01)
-    metrics.remove_model("default")
-    remaining = [
-        sample
-        for family in metrics.registry.collect()
-        for sample in family.samples
-        if sample.labels.get("model") == "default"
-    ]
-    assert remaining == []
-    assert value(metrics, "textserve_requests_total", method="Classify", model="other") == 0
-    metrics.observe_request("Classify", "default", "OK", 0.01)
-    labels = {"method": "Classify", "model": UNKNOWN_MODEL}
-    assert value(metrics, "textserve_requests_total", **labels) == 1
-
-
 @pytest.mark.parametrize(
     ("call", "message"),
     [
         (lambda m: m.observe_request("Predict", "default", "OK", 0.1), "unknown method"),
         (lambda m: m.observe_request("Classify", "default", "BAD", 0.1), "status code"),
-        (lambda m: m.observe_batch("default", 0, 1, 0.0), "at least one item"),
-        (lambda m: m.observe_batch("default", 2, 4, 1.5), r"\[0, 1\]"),
         (lambda m: m.count_load_failure("default", "oops"), "load failure reason"),
         (lambda m: m.init_model(""), "must not be empty"),
     ],

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from service import cli, models_cli
-from service.manifest import MODEL_FILE
 from tests.handmade import make_version
+from textserve import cli
+from textserve.artifact import MODEL_FILE
+from textserve.commands import models as models_cli
 
 
 @pytest.fixture()
@@ -76,7 +77,7 @@ def test_empty_and_missing_repositories(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_imports_neither_torch_nor_onnxruntime() -> None:
     code = (
-        "import sys, service.models_cli, export.cli; "
+        "import sys, textserve.commands.models, textserve.export.cli; "
         "heavy = [m for m in ('torch', 'onnxruntime', 'onnx') if m in sys.modules]; "
         "assert not heavy, heavy"
     )

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inference import grpc_service_pb2 as pb
-from service.errors import ValidationError
-from service.servicers.oip_codec import (
+from textserve.oip import grpc_service_pb2 as pb
+from textserve.service.errors import ValidationError
+from textserve.service.servicers.oip_codec import (
     OUTPUT_NAMES,
     DecodedRequest,
     decode_request,

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry
 
-from inference import model_config_pb2 as mc
-from service.metrics import Metrics
-from service.servicers.oip_describe import model_config, model_metadata, model_statistics
+from textserve.oip import model_config_pb2 as mc
+from textserve.service.metrics import Metrics
+from textserve.service.servicers.oip_describe import model_config, model_metadata, model_statistics
 
 
 @dataclass
@@ -65,11 +65,11 @@ def test_statistics_come_from_the_shared_metrics_of_that_model_only() -> None:
     metrics.observe_request("Classify", "sentiment", "OK", 0.25)
     metrics.observe_request("ModelInfer", "sentiment", "INVALID_ARGUMENT", 0.001)
     metrics.observe_request("ModelInfer", "other", "OK", 9.0)
-    metrics.observe_batch("sentiment", size=5, tokens=50, padding_ratio=0.1)
-    metrics.observe_batch("sentiment", size=3, tokens=30, padding_ratio=0.0)
-    metrics.observe_queue("sentiment", 0.002)
-    metrics.observe_tokenize("sentiment", 0.003)
-    metrics.observe_inference("sentiment", 0.004)
+    engine = metrics.for_model("sentiment")  # what the model's batcher and worker write
+    engine.on_batch(size=5, padded_tokens=50, padding_ratio=0.1, seconds=0.004)
+    engine.on_batch(size=3, padded_tokens=30, padding_ratio=0.0, seconds=0.0)
+    engine.on_queue_waits([0.002])
+    engine.on_tokenize(0.003)
 
     stats = model_statistics(metrics, "sentiment", "3")
     assert (stats.name, stats.version) == ("sentiment", "3")

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from export.padding_free import PaddingFreeClassifier  # noqa: E402
-from model.classifier import ModelConfig, TransformerClassifier  # noqa: E402
+from textserve.export.padding_free import PaddingFreeClassifier  # noqa: E402
+from textserve.model.classifier import ModelConfig, TransformerClassifier  # noqa: E402
 
 VOCAB = 50
 # Same weights, same arithmetic per real token; only the GEMM row counts differ, which may

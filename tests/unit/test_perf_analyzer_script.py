@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.perf_analyzer import (
+from textserve.bench.perf_analyzer import (
     format_table,
     load_texts,
     parse_report,

@@ -21,14 +21,14 @@ import pytest
 from onnx import TensorProto
 from prometheus_client import CollectorRegistry
 
-from service.config import RuntimeConfig, ServerConfig
-from service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
-from service.manifest import MODEL_FILE, TOKENIZER_FILE, sha256_file
-from service.metrics import Metrics
-from service.repository import LoadError, ModelRepository, ReloadEvent, State
-from service.version_policy import parse_policies
-from service.watcher import RepositoryWatcher
 from tests.handmade import make_version
+from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, sha256_file
+from textserve.service.config import RuntimeConfig, ServerConfig
+from textserve.service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
+from textserve.service.metrics import Metrics
+from textserve.service.repository.core import LoadError, ModelRepository, ReloadEvent, State
+from textserve.service.repository.policy import parse_policies
+from textserve.service.repository.watcher import RepositoryWatcher
 
 
 def run(root: Path, body: Callable[[ModelRepository], Awaitable[Any]], **overrides: Any) -> Metrics:
@@ -239,7 +239,7 @@ def test_a_served_version_rewritten_in_place_keeps_serving_its_copy_and_says_so(
         after = (await repository.get().classify(["good"])).probabilities
         assert (after == before).all()  # still the copy verified at load
 
-    with caplog.at_level("WARNING", logger="service.repository"):
+    with caplog.at_level("WARNING", logger="textserve.service.repository.core"):
         run(tmp_path, body)
 
 

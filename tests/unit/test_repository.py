@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.config import RuntimeConfig, ServerConfig
-from service.errors import ModelNotFoundError, NotReadyError, ValidationError
-from service.metrics import Metrics
-from service.model import pad, softmax
-from service.repository import LoadError, ModelRepository, State, scan
 from tests.handmade import make_version
+from textserve.service.config import RuntimeConfig, ServerConfig
+from textserve.service.engine.subbatches import softmax
+from textserve.service.errors import ModelNotFoundError, NotReadyError, ValidationError
+from textserve.service.metrics import Metrics
+from textserve.service.repository.core import LoadError, ModelRepository, State, scan
+from textserve.tokenization import pad
 
 
 def with_repository(
@@ -133,8 +134,9 @@ def test_classify_matches_direct_inference_and_reports_truncation(tmp_path: Path
         handle = repository.get()
         texts = ["a good film", "the plot is bad and awful", "zzz qqq"]
         result = await handle.classify(texts)
-        ids = [handle._encode([t])[0][: handle.max_length] for t in texts]
-        expected = np.concatenate([handle._run_batch([row]) for row in ids])
+        # one text at a time, straight through the contract's tokenization and the session
+        tokenization, session = handle._tokenization, handle._session
+        expected = np.concatenate([softmax(session.run(*tokenization.batch([t]))) for t in texts])
         np.testing.assert_allclose(result.probabilities, expected, atol=1e-6)
         assert result.num_tokens.tolist() == [3, 4, 2]
         assert result.truncated.tolist() == [False, True, False]

@@ -7,19 +7,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.config import RuntimeConfig
-from service.manifest import MODEL_FILE
-from service.runtime import (
+from tests.handmade import make_version
+from textserve.artifact import MODEL_FILE, disabled_optimizers
+from textserve.service.config import RuntimeConfig
+from textserve.service.engine.runtime import (
     CPU,
     CUDA,
     DeviceUnavailableError,
     RuntimeLoadError,
     Session,
     check_granted,
-    disabled_optimizers,
     select_providers,
 )
-from tests.handmade import make_version
 
 GPU_BUILD = ["TensorrtExecutionProvider", CUDA, CPU]
 CPU_BUILD = ["AzureExecutionProvider", CPU]
@@ -107,7 +106,7 @@ def test_session_reports_an_unreadable_model(tmp_path: Path) -> None:
 
 
 def test_thread_defaults_do_not_oversubscribe() -> None:
-    from service.config import usable_cpus
+    from textserve.service.config import usable_cpus
 
     config = RuntimeConfig()
     assert config.resolved_intra_op_threads() == max(1, usable_cpus() - 1)

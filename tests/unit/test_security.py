@@ -12,21 +12,26 @@ from typing import Any
 import grpc
 import pytest
 
-from service import client_flags
-from service.cli import CliError
-from service.config import ConfigError, SecurityConfig, ServerConfig
-from service.decode_guard import DecodeGuard, Undecodable, guard, safe_deserializer
-from service.security import (
-    OPEN_METHODS,
-    OPEN_SERVICES,
-    TokenAuthInterceptor,
-    TokenSet,
+from textserve import connect
+from textserve.cli import CliError
+from textserve.connect import (
     bearer_metadata,
-    bearer_token,
     channel_credentials,
     parse_tokens,
     read_pem,
     read_tokens,
+)
+from textserve.service.config import ConfigError, SecurityConfig, ServerConfig
+from textserve.service.servicers.interceptors import (
+    OPEN_METHODS,
+    OPEN_SERVICES,
+    DecodeGuard,
+    TokenAuthInterceptor,
+    TokenSet,
+    Undecodable,
+    bearer_token,
+    guard,
+    safe_deserializer,
 )
 from textserve.v1 import classifier_pb2 as pb
 
@@ -154,7 +159,7 @@ def test_pem_files_are_checked_at_startup(tmp_path: Path) -> None:
 
 def _args(**values: Any) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    client_flags.add_arguments(parser)
+    connect.add_arguments(parser)
     args = parser.parse_args([])
     for name, value in values.items():
         setattr(args, name, value)
@@ -165,20 +170,20 @@ def test_client_flags_read_the_token_from_a_file_or_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("TEXTSERVE_TOKEN", raising=False)
-    assert client_flags.client_options(_args())["token"] is None
+    assert connect.client_options(_args())["token"] is None
     monkeypatch.setenv("TEXTSERVE_TOKEN", TOKEN)
-    assert client_flags.client_options(_args())["token"] == TOKEN
+    assert connect.client_options(_args())["token"] == TOKEN
     path = tmp_path / "token"
     path.write_text(f"# mine\n{TOKEN}x\n")
-    assert client_flags.client_options(_args(token_file=str(path)))["token"] == TOKEN + "x"
+    assert connect.client_options(_args(token_file=str(path)))["token"] == TOKEN + "x"
     path.write_text("one-0123456789abcdef\ntwo-0123456789abcdef\n")
     with pytest.raises(CliError, match="holds 2 tokens; a client sends one"):
-        client_flags.client_options(_args(token_file=str(path)))
+        connect.client_options(_args(token_file=str(path)))
     with pytest.raises(CliError, match="go together"):
-        client_flags.client_options(_args(tls_cert="c.pem"))
+        connect.client_options(_args(tls_cert="c.pem"))
     with pytest.raises(CliError, match="needs TLS"):
-        client_flags.client_options(_args(tls_server_name="example.com"))
-    options = client_flags.client_options(_args(tls_ca="ca.pem"))
+        connect.client_options(_args(tls_server_name="example.com"))
+    options = connect.client_options(_args(tls_ca="ca.pem"))
     assert options["tls"] and options["ca"] == "ca.pem"
 
 

@@ -9,22 +9,20 @@ from pathlib import Path
 import grpc
 import pytest
 
-from service import classify_cli, serve_cli
-from service.cli import CliError, build_parser
-from service.client import ClientError, Prediction, to_result
-from service.config import BatcherConfig, ConfigError, RuntimeConfig, ServerConfig
-from service.errors import (
-    GRPC_CODES,
+from textserve.cli import CliError, build_parser
+from textserve.client import ClientError, Prediction, to_result
+from textserve.commands import classify as classify_cli
+from textserve.service import cli as serve_cli
+from textserve.service.config import BatcherConfig, ConfigError, RuntimeConfig, ServerConfig
+from textserve.service.errors import (
     DeadlineExceededError,
     ModelNotFoundError,
     NotReadyError,
     OverloadedError,
     ServiceError,
     ValidationError,
-    code_name,
-    grpc_code,
-    public_message,
 )
+from textserve.service.servicers.status import GRPC_CODES, code_name, grpc_code, public_message
 from textserve.v1 import classifier_pb2 as pb
 
 
@@ -143,7 +141,7 @@ def test_client_result_conversion() -> None:
 
 
 def test_client_refuses_a_single_string() -> None:
-    from service.client import _request
+    from textserve.client import _request
 
     with pytest.raises(TypeError, match="not one string"):
         _request("abc", None, None, None, 0, False, "")

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.batcher import Batcher, BatchOutput, RunStats
-from service.config import BatcherConfig, RuntimeConfig, ServerConfig
-from service.errors import ValidationError
-from service.loader import load_version_dir
-from service.metrics import Metrics
-from service.model import ModelHandle, _Text
-from service.runs import split_runs
 from tests.handmade import make_version
+from textserve.service.config import BatcherConfig, RuntimeConfig, ServerConfig
+from textserve.service.engine.batcher import Batcher, BatchOutput, RunStats
+from textserve.service.engine.handle import ModelHandle, _Text
+from textserve.service.engine.subbatches import softmax, split_runs
+from textserve.service.errors import ValidationError
+from textserve.service.metrics import Metrics
+from textserve.service.repository.loader import load_version_dir
 
 
 def cost(lengths: list[int], cuts: list[int], run_cost: int) -> int:
@@ -88,8 +88,9 @@ def test_a_batch_runs_as_length_sorted_sub_batches_with_answers_in_input_order(
     handle._session.run = real_run  # type: ignore[method-assign]
     rows = output.outputs
     # each text alone, through the same tokenizer and model: the reference
-    ids = [handle._encode([t])[0][: handle.max_length] for t in TEXTS]
-    expected = np.concatenate([handle._run_batch([row]) for row in ids])
+    ids = handle._tokenization.encode(TEXTS)
+    tokenization = handle._tokenization
+    expected = np.concatenate([softmax(real_run(*tokenization.batch([t]))) for t in TEXTS])
     np.testing.assert_allclose(rows["probabilities"], expected, atol=1e-6)
     assert rows["num_tokens"].tolist() == [len(r) for r in ids] == [1, 6, 1, 4, 2, 1]
     assert rows["full_tokens"].tolist() == [1, 7, 1, 4, 2, 1]

@@ -9,13 +9,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from model.tokenizer import (
-    PAD_TOKEN_ID,
-    encode_batch,
-    load_tokenizer,
-    train_tokenizer,
-    unk_id,
-)
+from textserve.model.tokenizer import train_tokenizer
+from textserve.tokenization import PAD_TOKEN_ID, encode_batch, load_tokenizer, unk_id
 
 TEXTS = ["A great film, truly great.", "A dull film.", "Great acting; dull plot!"] * 5
 

@@ -15,15 +15,15 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from model.synthetic import synthetic_rows, write_jsonl  # noqa: E402
-from model.train import (  # noqa: E402
+from textserve.cli import main  # noqa: E402
+from textserve.model.synthetic import synthetic_rows, write_jsonl  # noqa: E402
+from textserve.model.train import (  # noqa: E402
     TrainConfig,
     TrainConfigError,
     make_batches,
     train,
     warmup_cosine,
 )
-from service.cli import main  # noqa: E402
 
 
 def test_warmup_then_cosine() -> None:

@@ -8,7 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.tuning import GC_THRESHOLD_0, GC_THRESHOLD_1, GC_THRESHOLD_2, tune_for_serving
+from textserve.service.tuning import (
+    GC_THRESHOLD_0,
+    GC_THRESHOLD_1,
+    GC_THRESHOLD_2,
+    tune_for_serving,
+)
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from service import cli
-from service.repository import ModelRecord, State, VersionRecord
-from service.version_policy import (
+from textserve import cli
+from textserve.service.repository.core import ModelRecord, State, VersionRecord
+from textserve.service.repository.policy import (
     LATEST,
     PolicyError,
     PolicySet,
@@ -166,7 +166,7 @@ def test_wanted_follows_the_policy() -> None:
 
 
 def test_serve_flags_build_the_reload_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.serve_cli import build_config
+    from textserve.service.cli import build_config
 
     args = cli.build_parser().parse_args(["serve"])
     config = build_config(args)

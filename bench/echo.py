@@ -1,0 +1,84 @@
+"""A gRPC server with no model at all, for measuring the load generator's own ceiling.
+
+    python -m textserve.bench.echo   # prints "listening on 127.0.0.1:PORT"; runs until killed
+
+It answers textserve.v1 Classify and inference ModelInfer with a canned result per text (the
+request is parsed, the answer built and serialized, like a real server's transport work), and
+grpc.health.v1 SERVING. What the load generator drives against it bounds what it can drive
+against textserve on the same machine: when that is well above textserve's peak, the load
+generator is not what limits the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+
+def _handlers() -> list[grpc.GenericRpcHandler]:
+    from textserve.oip import grpc_service_pb2 as oip
+    from textserve.v1 import classifier_pb2 as pb
+
+    async def classify(request: pb.ClassifyRequest, context: object) -> pb.ClassifyResponse:
+        return pb.ClassifyResponse(
+            id=request.id,
+            model="echo",
+            model_version=1,
+            results=[pb.TextResult(label="echo", score=1.0) for _ in request.texts],
+        )
+
+    async def model_infer(
+        request: oip.ModelInferRequest, context: object
+    ) -> oip.ModelInferResponse:
+        n = int(request.inputs[0].shape[0]) if request.inputs and request.inputs[0].shape else 0
+        tensor = oip.ModelInferResponse.InferOutputTensor
+        return oip.ModelInferResponse(
+            model_name=request.model_name,
+            model_version="1",
+            id=request.id,
+            outputs=[tensor(name="LABEL", datatype="BYTES", shape=[n])],
+            raw_output_contents=[b"\x04\x00\x00\x00echo" * n],
+        )
+
+    return [
+        grpc.method_handlers_generic_handler(
+            "textserve.v1.Classifier",
+            {
+                "Classify": grpc.unary_unary_rpc_method_handler(
+                    classify,
+                    request_deserializer=pb.ClassifyRequest.FromString,
+                    response_serializer=pb.ClassifyResponse.SerializeToString,
+                )
+            },
+        ),
+        grpc.method_handlers_generic_handler(
+            "inference.GRPCInferenceService",
+            {
+                "ModelInfer": grpc.unary_unary_rpc_method_handler(
+                    model_infer,
+                    request_deserializer=oip.ModelInferRequest.FromString,
+                    response_serializer=oip.ModelInferResponse.SerializeToString,
+                )
+            },
+        ),
+    ]
+
+
+async def main(listen: str = "127.0.0.1:0") -> None:
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(_handlers())
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = server.add_insecure_port(listen)
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    print(f"listening on {listen.rpartition(':')[0]}:{port}", flush=True)
+    await server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:2]))

@@ -1,0 +1,210 @@
+"""The load generator: closed loop (N callers, each waits for its answer) and open loop (Poisson
+arrivals at a fixed rate), many coroutines over one grpc.aio channel in this process.
+
+    raw = asyncio.run(closed_loop("127.0.0.1:50051", pool, concurrency=64, warmup=1, duration=5))
+
+It must stay cheap because it shares the machine with the server: requests are serialized
+ahead (see requests.py) and answers are not parsed — a gRPC status is all a step needs.
+Latency in the open loop runs from the *scheduled* arrival, so a late send (the loop was busy)
+counts against the server rather than vanishing (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+
+from textserve.bench.requests import RequestPool
+from textserve.bench.stats import RawStep, read_machine_cpu
+
+# Called at the start and at the end of the measured window (e.g. to scrape server metrics).
+Probe = Callable[[], Awaitable[Any]]
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
+def poisson_arrivals(rate: float, duration: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times (seconds from 0, ascending, < duration) of a Poisson process of `rate`/s.
+
+    >>> len(poisson_arrivals(1000.0, 2.0, np.random.default_rng(0))) in range(1850, 2150)
+    True
+    """
+    if rate <= 0 or duration <= 0:
+        raise ValueError(f"rate and duration must be positive, got {rate} and {duration}")
+    expected = rate * duration
+    chunk = int(expected + 6 * np.sqrt(expected) + 16)
+    times = np.cumsum(rng.exponential(1.0 / rate, chunk))
+    while times[-1] < duration:  # rare: draw more gaps
+        times = np.concatenate([times, times[-1] + np.cumsum(rng.exponential(1.0 / rate, chunk))])
+    return times[times < duration]
+
+
+class _Window:
+    """The measured window of a step: warm-up first, then `duration` seconds."""
+
+    def __init__(self, warmup: float, duration: float, probe: Probe | None) -> None:
+        self.t0 = time.perf_counter()
+        self.start = self.t0 + warmup
+        self.end = self.start + duration
+        self.probe = probe
+        self.samples: list[Any] = []
+        self.cpu = 0.0
+        self.machine_share: float | None = None
+
+    async def watch(self) -> None:
+        """Take the probe and this process's CPU time at both edges of the window."""
+        await asyncio.sleep(max(0.0, self.start - time.perf_counter()))
+        if self.probe is not None:
+            self.samples.append(await self.probe())
+        cpu0, machine0 = time.process_time(), read_machine_cpu()
+        await asyncio.sleep(max(0.0, self.end - time.perf_counter()))
+        self.cpu = time.process_time() - cpu0
+        machine1 = read_machine_cpu()
+        if machine0 and machine1 and machine1[1] > machine0[1]:
+            self.machine_share = (machine1[0] - machine0[0]) / (machine1[1] - machine0[1])
+        if self.probe is not None:
+            self.samples.append(await self.probe())
+
+
+async def closed_loop(
+    target: str,
+    pool: RequestPool,
+    concurrency: int,
+    *,
+    warmup: float,
+    duration: float,
+    timeout: float = 10.0,
+    probe: Probe | None = None,
+) -> tuple[RawStep, list[Any]]:
+    """`concurrency` callers, each sending its next request as soon as the last is answered.
+    Counts the requests that complete inside the window; returns the step and probe samples."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    payloads = pool.payloads
+    n_payloads = len(payloads)
+    per_request = pool.texts_per_request
+    raw = RawStep(window_seconds=duration)
+    latencies = raw.latencies
+    errors = raw.errors
+    counter = itertools.count()
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        await channel.channel_ready()
+        call = channel.unary_unary(pool.method)  # bytes in, bytes out: no (de)serialization
+        window = _Window(warmup, duration, probe)
+        start, end = window.start, window.end
+        clock = time.perf_counter
+
+        async def caller() -> None:
+            while True:
+                sent = clock()
+                if sent >= end:
+                    return
+                payload = payloads[next(counter) % n_payloads]
+                try:
+                    await call(payload, timeout=timeout)
+                    code = None
+                except grpc.aio.AioRpcError as exc:
+                    code = exc.code().name
+                done = clock()
+                if start <= done < end:
+                    if code is None:
+                        latencies.append(done - sent)
+                    else:
+                        errors[code] += 1
+
+        watcher = asyncio.create_task(window.watch())
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        await watcher
+    raw.texts = len(latencies) * per_request
+    raw.requests_done = len(latencies)
+    raw.loadgen_cpu_seconds = window.cpu
+    raw.machine_cpu_share = window.machine_share
+    return raw, window.samples
+
+
+async def open_loop(
+    target: str,
+    pool: RequestPool,
+    rate: float,
+    *,
+    warmup: float,
+    duration: float,
+    timeout: float = 10.0,
+    max_in_flight: int = 20000,
+    seed: int = 0,
+    probe: Probe | None = None,
+) -> tuple[RawStep, list[Any]]:
+    """Requests arriving as a Poisson process of `rate` requests/s, whatever the server does.
+
+    Latency and errors: requests that arrive inside the window (waited for, up to `timeout`).
+    Throughput: requests that complete inside the window — what the server really delivered,
+    also above capacity."""
+    arrivals = poisson_arrivals(rate, warmup + duration, np.random.default_rng(seed))
+    payloads = pool.payloads
+    n_payloads = len(payloads)
+    per_request = pool.texts_per_request
+    raw = RawStep(window_seconds=duration)
+    latencies = raw.latencies
+    errors = raw.errors
+    done_in_window = 0
+    in_flight = 0
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        await channel.channel_ready()
+        call = channel.unary_unary(pool.method)
+        window = _Window(warmup, duration, probe)
+        start, end, t0 = window.start, window.end, window.t0
+        clock = time.perf_counter
+
+        async def send(payload: bytes, scheduled: float) -> None:
+            nonlocal done_in_window, in_flight
+            try:
+                await call(payload, timeout=timeout)
+                code = None
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code().name
+            finally:
+                in_flight -= 1
+            done = clock()
+            if code is None and start <= done < end:
+                done_in_window += 1
+            if start <= scheduled < end:
+                if code is None:
+                    latencies.append(done - scheduled)
+                else:
+                    errors[code] += 1
+
+        watcher = asyncio.create_task(window.watch())
+        tasks: set[asyncio.Task[None]] = set()
+        i, n = 0, len(arrivals)
+        while i < n:
+            now = clock() - t0
+            while i < n and arrivals[i] <= now:
+                scheduled = t0 + arrivals[i]
+                if in_flight >= max_in_flight:
+                    if start <= scheduled < end:
+                        raw.not_sent += 1
+                else:
+                    in_flight += 1
+                    task = asyncio.create_task(send(payloads[i % n_payloads], scheduled))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                i += 1
+            if i < n:
+                await asyncio.sleep(arrivals[i] - (clock() - t0))
+        await watcher
+        if tasks:
+            await asyncio.gather(*tasks)
+    raw.texts = done_in_window * per_request
+    raw.requests_done = done_in_window
+    raw.loadgen_cpu_seconds = window.cpu
+    raw.machine_cpu_share = window.machine_share
+    return raw, window.samples

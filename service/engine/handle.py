@@ -1,0 +1,342 @@
+"""A loaded model version: tokenizer + onnxruntime session + batcher behind `await classify()`.
+
+This is the core API both front ends (textserve.v1 and the Open Inference Protocol) call; see
+docs/architecture.md. Tokenization follows the contract exactly: ids cut to max_length, [UNK]
+for a text with no tokens, [PAD] to the longest in the batch, mask 1 on real tokens.
+
+A request's texts go into the batcher as they are; the inference worker tokenizes a whole batch,
+sorts it by token length and runs it as one or more sub-batches (a split wherever the padding it
+saves costs more than one more onnxruntime run), so a request costs one thread hop, not two, and
+a batch of mixed lengths pads little. The batcher groups texts by an estimate of their token
+count from their length in characters (the characters per token seen so far).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from textserve.artifact import Manifest
+from textserve.service.config import BatcherConfig
+from textserve.service.engine.batcher import Batcher, BatchOutput, BatchStats, RunStats
+from textserve.service.engine.subbatches import (
+    RUN_COST_TOKENS,
+    RUN_COST_TOKENS_OTHER,
+    softmax,
+    split_runs,
+)
+from textserve.service.errors import ValidationError
+from textserve.tokenization import Tokenization
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from textserve.service.engine.runtime import Session
+    from textserve.service.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+# Only the first MAX_CHARS_PER_TOKEN x max_length characters of a text are tokenized: the model
+# sees max_length tokens at most, and tokenizing is linear in characters (a 1 MB text held the
+# shared tokenizer thread for 2-7 s, stalling every request). A token averages 2-5 characters
+# (BPE, English); a text needs over 32 characters per token (long runs of whitespace, control or
+# other characters the normalizer drops) before the cut changes what the model sees.
+MAX_CHARS_PER_TOKEN = 32
+# Run through tokenizer and model at warm-up: a tokenizer whose ids the model does not know
+# fails here, before the version serves, not on the first request.
+WARMUP_TEXT = "The quick brown fox jumps over the lazy dog. A gripping, beautifully acted film!"
+
+
+class _Text(NamedTuple):
+    """One text in the batcher's queue (the payload ModelHandle gives it)."""
+
+    text: str
+    truncate: bool
+    position: int  # in its request, for error messages
+    request: object  # the same object for every text of a request
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_seconds: float  # longest wait of any of the texts before its batch started
+    tokenize_seconds: float  # tokenization of the batches that carried the texts (the longest)
+    inference_seconds: float  # summed run time of those batches, less the tokenization
+    total_seconds: float  # from the call to its answer
+
+
+@dataclass(frozen=True)
+class ClassifyResult:
+    probabilities: np.ndarray  # float32 (n, num_labels), rows in input order
+    num_tokens: np.ndarray  # int64 (n,), tokens the model saw per text
+    truncated: np.ndarray  # bool (n,)
+    timings: Timings
+
+
+class ModelHandle:
+    """One servable model version. Create through ModelRepository; use on its event loop."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        path: Path,
+        session: Session,
+        tokenizer: Tokenizer,
+        *,
+        batcher_config: BatcherConfig,
+        max_texts_per_request: int,
+        inference_workers: int = 1,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.path = path
+        self.name = manifest.name
+        self.version = manifest.version
+        self.labels: tuple[str, ...] = tuple(manifest.labels)
+        self.max_length = manifest.max_length
+        self.provider = session.provider
+        self.max_texts_per_request = max_texts_per_request
+        self._session = session
+        # THE tokenization (textserve.tokenization): a tokenizer without [UNK] is refused here
+        self._tokenization = Tokenization(tokenizer, manifest.max_length, manifest.pad_token_id)
+        self._metrics = metrics
+        self._observer = None if metrics is None else metrics.for_model(self.name)
+        self._run_cost = RUN_COST_TOKENS.get(session.provider, RUN_COST_TOKENS_OTHER)
+        # Characters per token seen so far, for the batcher's length estimate (written by the
+        # inference worker, read on the loop: a float, replaced whole).
+        self._chars_per_token = 4.0
+        # One text's result: what _run_texts returns per row and classify() reads back.
+        self._rows = np.dtype(
+            [
+                ("probabilities", np.float32, (len(self.labels),)),
+                ("num_tokens", np.int64),  # tokens the model saw
+                ("full_tokens", np.int64),  # tokens before truncation
+                ("tokenize_seconds", np.float64),  # tokenization of the text's batch
+            ]
+        )
+        # Requests that picked this handle and have not finished (tokenizing, queued or running):
+        # a retired version is released only once this reaches zero (see drain()).
+        self._active = 0
+        self._inactive: asyncio.Event | None = None
+        self.batcher: Batcher[_Text] = Batcher(
+            self._run_texts,
+            batcher_config,
+            workers=inference_workers,
+            observer=self._observer,
+            name=f"{self.name}:{self.version}",
+        )
+
+    # -- lifecycle (ModelRepository calls these) -----------------------------------------------
+
+    def warmup(self) -> None:
+        """Blocking: run representative shapes through the session (before SERVING)."""
+        logits = self._session.warmup(
+            self.max_length, self.batcher.config.max_batch_size, self._tokenization.unk_id
+        )
+        if logits.shape[-1] != len(self.labels):
+            raise ValueError(
+                f"model.onnx gives {logits.shape[-1]} logits but the manifest has "
+                f"{len(self.labels)} labels"
+            )
+        output = self._run_texts([_Text(WARMUP_TEXT, True, 0, None)])
+        sample = output.outputs["probabilities"]
+        if sample.shape != (1, len(self.labels)) or not np.isfinite(sample).all():
+            raise ValueError(f"model.onnx gives {sample!r} for a sample text")
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    def flush(self) -> None:
+        self.batcher.flush()
+
+    async def close(self, timeout: float | None = 0.0) -> None:
+        await self.batcher.close(timeout)
+
+    async def drain(self, timeout: float | None) -> None:
+        """Retire this version once the repository no longer hands it out: wait up to `timeout`
+        seconds (None: no limit) for the requests that already picked it to finish here, then
+        close the batcher (failing anything left with NotReadyError) and release the session."""
+        started = time.monotonic()
+        self.batcher.flush()  # no new traffic comes: run what is queued without waiting to fill
+        if self._active:
+            self._inactive = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._wait_inactive(), timeout)
+            except TimeoutError:
+                logger.warning(
+                    "%s:%d: %d requests still running after %.1fs; cancelling them",
+                    self.name, self.version, self._active, timeout,
+                )  # fmt: skip
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        await self.batcher.close(left)
+        self._session.close()
+
+    async def _wait_inactive(self) -> None:
+        assert self._inactive is not None
+        while self._active:
+            self._inactive.clear()
+            await self._inactive.wait()
+
+    def stats(self) -> BatchStats:
+        return self.batcher.snapshot()
+
+    # -- the API ---------------------------------------------------------------------------------
+
+    async def classify(
+        self,
+        texts: Sequence[str],
+        *,
+        truncate: bool = True,
+        deadline: float | None = None,
+        method: str = "Classify",
+    ) -> ClassifyResult:
+        """Probabilities for each text. `deadline`: absolute time.monotonic() seconds.
+
+        Raises ValidationError, OverloadedError, DeadlineExceededError, NotReadyError.
+        `method` names the calling front end (reserved for per-method accounting).
+        """
+        # Counted before the first await, i.e. in the same loop step as repository.get(): a
+        # version retired meanwhile still waits for this request (see drain()).
+        self._active += 1
+        try:
+            return await self._classify(texts, truncate, deadline)
+        finally:
+            self._active -= 1
+            if not self._active and self._inactive is not None:
+                self._inactive.set()
+
+    async def _classify(
+        self, texts: Sequence[str], truncate: bool, deadline: float | None
+    ) -> ClassifyResult:
+        started = time.perf_counter()
+        self._validate(texts)
+        max_chars = MAX_CHARS_PER_TOKEN * self.max_length
+        cut = [index for index, text in enumerate(texts) if len(text) > max_chars]
+        if cut:
+            if not truncate:
+                raise ValidationError(
+                    f"texts[{cut[0]}] is {len(texts[cut[0]])} characters long; model "
+                    f"{self.name!r} takes at most {self.max_length} tokens, and without "
+                    f"truncation at most {max_chars} characters (send truncate=true to cut it, "
+                    "or shorten the text)"
+                )
+            texts = [text[:max_chars] for text in texts]
+        # Tokenized in the batch, by the inference worker: the queue (and its refusal when full,
+        # before any tokenizing) sees the texts at once, with their length in tokens estimated.
+        limit, per_token = self.max_length, self._chars_per_token
+        payloads = [_Text(text, truncate, index, texts) for index, text in enumerate(texts)]
+        lengths = [min(limit, int(len(text) / per_token) + 1) for text in texts]
+        result = await self.batcher.submit(payloads, lengths, deadline=deadline)
+        rows = result.outputs
+        num_tokens = rows["num_tokens"].astype(np.int64)
+        truncated = rows["full_tokens"] > num_tokens
+        if cut:
+            truncated[cut] = True  # cut by characters: the model did not see all of the text
+        tokenize_seconds = float(rows["tokenize_seconds"].max())
+        return ClassifyResult(
+            probabilities=np.ascontiguousarray(rows["probabilities"]),
+            num_tokens=num_tokens,
+            truncated=truncated,
+            timings=Timings(
+                queue_seconds=result.queue_seconds,
+                tokenize_seconds=tokenize_seconds,
+                inference_seconds=max(0.0, result.inference_seconds - tokenize_seconds),
+                total_seconds=time.perf_counter() - started,
+            ),
+        )
+
+    def _validate(self, texts: Sequence[str]) -> None:
+        if not texts:
+            raise ValidationError("no texts: send at least one text")
+        if len(texts) > self.max_texts_per_request:
+            raise ValidationError(
+                f"{len(texts)} texts in one request; the limit is {self.max_texts_per_request} "
+                "(split the request)"
+            )
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValidationError(f"texts[{index}] is not a string")
+            if not text or text.isspace():
+                raise ValidationError(f"texts[{index}] is empty; every text needs some content")
+
+    # -- executor-side work ----------------------------------------------------------------------
+
+    def _run_texts(self, payloads: list[_Text]) -> BatchOutput:
+        """The batcher's run_batch: tokenize, truncate (or refuse), then run the texts sorted by
+        length as sub-batches (see split_runs). One output row per text (see self._rows)."""
+        started = time.perf_counter()
+        encoded = self._tokenization.full_ids([p.text for p in payloads])
+        limit = self.max_length
+        out = np.zeros(len(payloads), self._rows)
+        full = out["full_tokens"]
+        errors: dict[int, Exception] | None = None
+        keep: list[int] = []  # rows that run
+        chars = tokens = 0
+        for row, (payload, ids) in enumerate(zip(payloads, encoded, strict=True)):
+            n = full[row] = len(ids)
+            chars += len(payload.text)
+            tokens += n
+            if n > limit:
+                if not payload.truncate:
+                    errors = errors or {}
+                    errors[row] = ValidationError(
+                        f"texts[{payload.position}] is {n} tokens long; model {self.name!r} takes "
+                        f"at most {limit} (send truncate=true to cut it, or shorten the text)"
+                    )
+                    continue
+                encoded[row] = ids[:limit]
+            keep.append(row)
+        if errors:  # a refused request's other texts do not run either
+            refused = {id(payloads[row].request) for row in errors}
+            keep = [row for row in keep if id(payloads[row].request) not in refused]
+        if tokens:
+            self._chars_per_token = max(1.0, chars / tokens)
+        keep.sort(key=lambda row: len(encoded[row]))
+        lengths = [len(encoded[row]) for row in keep]
+        out["num_tokens"][keep] = lengths
+        tokenized = time.perf_counter()
+        out["tokenize_seconds"] = tokenized - started
+        if self._observer is not None:
+            self._observer.on_tokenize(tokenized - started)
+        runs: list[RunStats] = []
+        if not keep:  # every text of the batch was refused
+            return BatchOutput(out, runs, errors)
+        # Padded once, sorted by length; each sub-batch is a slice as wide as its longest text.
+        input_ids, attention_mask = self._tokenization.pad([encoded[row] for row in keep])
+        logits = np.empty((len(keep), len(self.labels)), np.float32)
+        for start, end in self._plan_runs(lengths):
+            run_started = time.perf_counter()
+            width = lengths[end - 1]
+            logits[start:end] = self._session.run(
+                np.ascontiguousarray(input_ids[start:end, :width]),
+                np.ascontiguousarray(attention_mask[start:end, :width]),
+            )
+            runs.append(
+                RunStats(
+                    size=end - start,
+                    padded_tokens=(end - start) * width,
+                    real_tokens=sum(lengths[start:end]),
+                    seconds=time.perf_counter() - run_started,
+                )
+            )
+        out["probabilities"][keep] = softmax(logits)
+        return BatchOutput(out, runs, errors)
+
+    def _plan_runs(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """(start, end) of each sub-batch of `lengths` (ascending): split_runs, then any
+        sub-batch over max_batch_tokens cut into pieces within it (the batcher budgets batches
+        by estimated lengths; this holds every onnxruntime run to the budget in real tokens)."""
+        budget = self.batcher.config.max_batch_tokens
+        plan: list[tuple[int, int]] = []
+        bounds = [0, *split_runs(lengths, self._run_cost), len(lengths)]
+        for start, end in itertools.pairwise(bounds):
+            step = max(1, budget // lengths[end - 1])
+            plan.extend((s, min(end, s + step)) for s in range(start, end, step))
+        return plan

@@ -1,0 +1,184 @@
+"""onnxruntime sessions: execution-provider choice, threads, warm-up. The only module importing it.
+
+`--device auto` takes the CUDA execution provider when onnxruntime offers it and the CPU one
+otherwise; `--device cuda` without CUDA is a startup error, never a silent fallback. After the
+session exists we check which providers it really got, because onnxruntime itself falls back to
+CPU (with a log line) when the CUDA libraries fail to load.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from textserve.artifact import INPUT_NAMES, OUTPUT_NAME, disabled_optimizers
+from textserve.service.config import RuntimeConfig
+
+logger = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+_preload_lock = threading.Lock()
+_preloaded = False
+
+
+class RuntimeLoadError(RuntimeError):
+    """A session could not be created (model file, graph contract)."""
+
+
+class ContractError(RuntimeLoadError):
+    """model.onnx loads but breaks the graph contract (input/output names, types, ranks)."""
+
+
+class DeviceUnavailableError(RuntimeLoadError):
+    """The device asked for is not there: a startup error for every model, not just one."""
+
+
+def _onnxruntime(preload_cuda: bool) -> Any:
+    """Import onnxruntime; before the first CUDA use, let it preload the CUDA/cuDNN libraries
+    that pip installed as Python packages (onnxruntime.preload_dlls, onnxruntime >= 1.21)."""
+    global _preloaded
+    import onnxruntime
+
+    if preload_cuda:
+        with _preload_lock:
+            if not _preloaded:
+                _preloaded = True
+                preload = getattr(onnxruntime, "preload_dlls", None)
+                if preload is not None:
+                    try:
+                        preload()
+                    except Exception as exc:  # a failed preload shows up as a missing provider
+                        logger.warning("onnxruntime.preload_dlls() failed: %s", exc)
+    return onnxruntime
+
+
+def available_providers(device: str = "auto") -> list[str]:
+    """The execution providers this onnxruntime build offers."""
+    return list(_onnxruntime(preload_cuda=device != "cpu").get_available_providers())
+
+
+def select_providers(device: str, available: Sequence[str]) -> list[str]:
+    """The providers to ask for, best first: pure, so it is unit-tested without a GPU.
+
+    >>> select_providers("auto", ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    ['CUDAExecutionProvider', 'CPUExecutionProvider']
+    >>> select_providers("auto", ["CPUExecutionProvider"])
+    ['CPUExecutionProvider']
+    """
+    if device == "cpu":
+        return [CPU]
+    if device == "cuda":
+        if CUDA not in available:
+            raise DeviceUnavailableError(
+                "--device cuda: this onnxruntime offers no CUDA execution provider "
+                f"(it offers {', '.join(available) or 'none'}). Install onnxruntime-gpu in place "
+                "of onnxruntime (pip install 'textserve[gpu]') on a machine with an NVIDIA GPU, "
+                "or run with --device auto or --device cpu."
+            )
+        return [CUDA, CPU]
+    if device == "auto":
+        return [CUDA, CPU] if CUDA in available else [CPU]
+    raise DeviceUnavailableError(f"unknown device {device!r}; use auto, cpu or cuda")
+
+
+def check_granted(device: str, requested: Sequence[str], granted: Sequence[str]) -> str:
+    """The provider the session really runs on; an error if --device cuda did not get CUDA."""
+    if requested[0] == CUDA and CUDA not in granted:
+        message = (
+            "onnxruntime offers the CUDA execution provider but could not start it (CUDA or cuDNN "
+            "libraries missing or not matching this onnxruntime-gpu build; see its log above)"
+        )
+        if device == "cuda":
+            raise DeviceUnavailableError(
+                f"--device cuda: {message}. Fix the CUDA install or use --device cpu."
+            )
+        logger.warning("--device auto: %s; running on CPU", message)
+    return granted[0] if granted else CPU
+
+
+def check_contract(model_path: Path, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    """ContractError unless the graph takes input_ids and attention_mask as int64 (B, T) and
+    gives logits as float32/float16 (B, num_labels); `inputs`/`outputs` are onnxruntime NodeArgs."""
+    names = [i.name for i in inputs]
+    out_names = [o.name for o in outputs]
+    if sorted(names) != sorted(INPUT_NAMES) or OUTPUT_NAME not in out_names:
+        raise ContractError(
+            f"{model_path} has inputs {names} and outputs {out_names}; the contract is inputs "
+            f"{list(INPUT_NAMES)} and output {OUTPUT_NAME!r}"
+        )
+    wrong = [
+        f"{arg.name} is {arg.type} of rank {len(arg.shape)}"
+        for arg in inputs
+        if arg.type != "tensor(int64)" or len(arg.shape) != 2
+    ] + [
+        f"{arg.name} is {arg.type} of rank {len(arg.shape)}"
+        for arg in outputs
+        if arg.name == OUTPUT_NAME
+        and (arg.type not in ("tensor(float)", "tensor(float16)") or len(arg.shape) != 2)
+    ]
+    if wrong:
+        raise ContractError(
+            f"{model_path}: {'; '.join(wrong)}; the contract is int64 (batch, sequence) inputs "
+            "and a float32 (batch, labels) output"
+        )
+
+
+class Session:
+    """One onnxruntime InferenceSession following the artifact contract:
+    input_ids, attention_mask int64 (B, T) -> logits float32 (B, num_labels)."""
+
+    def __init__(self, model_path: Path, config: RuntimeConfig) -> None:
+        ort = _onnxruntime(preload_cuda=config.device != "cpu")
+        requested = select_providers(config.device, ort.get_available_providers())
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = config.resolved_intra_op_threads()
+        options.inter_op_num_threads = config.inter_op_threads or 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Idle intra-op threads would otherwise spin between runs, taking CPU from tokenization
+        # and the gRPC loop on small machines; the latency cost of waking them is microseconds.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3  # errors only; provider fallbacks are reported by us
+        try:
+            self._session = ort.InferenceSession(
+                str(model_path),
+                options,
+                providers=requested,
+                disabled_optimizers=disabled_optimizers(requested),
+            )
+        except Exception as exc:
+            raise RuntimeLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
+        self.provider = check_granted(config.device, requested, self._session.get_providers())
+        self.providers = list(self._session.get_providers())
+        check_contract(model_path, self._session.get_inputs(), self._session.get_outputs())
+        self._outputs = [OUTPUT_NAME]
+
+    def close(self) -> None:
+        """Release the onnxruntime session (weights, memory arena) now rather than whenever the
+        garbage collector reaches the objects that refer to it; run() fails afterwards."""
+        self._session = None
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """Logits as float32 (B, num_labels) (an fp16 model's output is widened)."""
+        (logits,) = self._session.run(
+            self._outputs, {"input_ids": input_ids, "attention_mask": attention_mask}
+        )
+        return np.asarray(logits, dtype=np.float32)
+
+    def warmup(self, max_length: int, max_batch_size: int, token_id: int = 1) -> np.ndarray:
+        """Run the shapes serving will meet first (one short text; a full batch; the longest
+        text) so that allocations and kernel choices happen before SERVING. Returns the logits
+        of the last run."""
+        logits = np.empty((0, 0), np.float32)
+        for batch, length in ((1, min(8, max_length)), (max_batch_size, 16), (1, max_length)):
+            length = min(length, max_length)
+            ids = np.full((batch, length), token_id, dtype=np.int64)
+            logits = self.run(ids, np.ones_like(ids))
+        return logits

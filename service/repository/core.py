@@ -1,0 +1,545 @@
+"""The model repository: scan models/<name>/<version>/, apply version policies, hot-reload.
+
+Each model keeps a record per version found on disk with its state. `reconcile` makes the
+served versions match the policy (service/version_policy.py): wanted versions are loaded,
+checked and warmed beside those serving (service/loader.py), and only once READY does `get`
+hand them out (it always picks the newest READY version, in one event-loop step, so the switch
+is atomic); versions no longer wanted are retired: no new requests, the ones that already
+picked them finish there, then the session is released (ModelHandle.drain). A refused version
+is FAILED with its reason (logged, counted, shown by GetModel) and the policy falls back to the
+next one, so the version that was serving keeps serving. `load_all` is the first reconcile (at
+startup); a RepositoryWatcher repeats it every `poll_interval` seconds; the admin service calls
+`load_model` / `unload_model` / `reconcile`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from textserve.artifact import MANIFEST_FILE
+from textserve.service.config import ServerConfig
+from textserve.service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
+from textserve.service.repository.loader import Files, LoadError, fingerprint, load_version_dir
+from textserve.service.repository.policy import LATEST, PolicyError, VersionPolicy, read_policy_file
+from textserve.service.repository.watcher import RepositoryWatcher
+
+if TYPE_CHECKING:
+    from textserve.service.engine.handle import ModelHandle
+    from textserve.service.metrics import Metrics
+
+__all__ = ["LoadError", "ModelRecord", "ModelRepository", "ReloadEvent", "State", "scan"]
+
+logger = logging.getLogger(__name__)
+
+
+class State(enum.Enum):
+    AVAILABLE = "available"  # on disk, not loaded (the policy does not serve it)
+    LOADING = "loading"
+    READY = "ready"
+    UNLOADING = "unloading"  # retired: finishing the requests that picked it, then released
+    FAILED = "failed"
+
+
+@dataclass
+class VersionRecord:
+    version: int
+    path: Path
+    state: State = State.AVAILABLE
+    reason: str = ""  # why FAILED
+    handle: ModelHandle | None = None
+    on_disk: bool = True
+    loaded_files: Files = ()  # fingerprint when loading it was last tried (FAILED or READY)
+    changed_files: Files = ()  # READY: the last in-place change warned about
+
+
+@dataclass
+class ModelRecord:
+    name: str
+    versions: dict[int, VersionRecord] = field(default_factory=dict)
+    policy: VersionPolicy = LATEST  # in force: --version-policy NAME=, serving.json, default
+    pinned: set[int] = field(default_factory=set)  # LoadModel(version): served beside the policy
+    excluded: set[int] = field(default_factory=set)  # UnloadModel(version): the policy skips them
+    disabled: bool = False  # UnloadModel(name): only pinned versions serve until LoadModel(name)
+    policy_problem: str = ""  # the last serving.json error, logged once
+
+    def ready(self) -> list[VersionRecord]:
+        """READY versions, newest first."""
+        return sorted(
+            (v for v in self.versions.values() if v.state is State.READY),
+            key=lambda v: v.version,
+            reverse=True,
+        )
+
+    def describe(self) -> str:
+        parts = [
+            f"{v.version} ({v.state.value})"
+            for v in sorted(self.versions.values(), key=lambda v: v.version)
+        ]
+        return f"{self.name} [versions {', '.join(parts) or 'none'}]"
+
+    def wanted(self) -> list[int]:
+        """The versions to serve now, newest first: the policy's choice among the versions on
+        disk that were not refused or unloaded by hand, plus the pinned ones."""
+        candidates = [
+            v.version
+            for v in self.versions.values()
+            if v.on_disk and v.state is not State.FAILED and v.version not in self.excluded
+        ]
+        chosen = set() if self.disabled else set(self.policy.select(candidates))
+        chosen |= self.pinned & set(candidates)
+        return sorted(chosen, reverse=True)
+
+
+@dataclass(frozen=True)
+class ReloadEvent:
+    model: str
+    version: int
+    action: str  # loaded | unloaded | refused
+    reason: str = ""  # refused: why
+
+
+def scan(root: Path) -> dict[str, dict[int, Path]]:
+    """models/<name>/<version>/ directories; a version is a positive integer directory name.
+
+    A version directory without manifest.json is skipped (being written, or not a version).
+    """
+    found: dict[str, dict[int, Path]] = {}
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        versions: dict[int, Path] = {}
+        for version_dir in model_dir.iterdir():
+            if not (version_dir.is_dir() and version_dir.name.isdigit()):
+                continue
+            if int(version_dir.name) < 1 or not (version_dir / MANIFEST_FILE).is_file():
+                continue
+            versions[int(version_dir.name)] = version_dir
+        if versions:
+            found[model_dir.name] = versions
+    return found
+
+
+def _scan_watching(
+    root: Path, watched: Iterable[Path]
+) -> tuple[dict[str, dict[int, Path]], dict[Path, Files]]:
+    """`scan(root)`, and the fingerprint of each watched version directory."""
+    return scan(root), {path: fingerprint(path) for path in watched}
+
+
+class ModelRepository:
+    """Every model of one repository directory and the handles serving them. Use on one loop."""
+
+    def __init__(self, config: ServerConfig, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.root = Path(config.repository)
+        self.metrics = metrics
+        self.models: dict[str, ModelRecord] = {}
+        self.default_model: str | None = None
+        # One change at a time (watcher, admin RPCs): loads run one after another, which also
+        # keeps a load's CPU use beside serving to one thread.
+        self._lock = asyncio.Lock()
+        self._drains: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._started = False
+        self._watcher: RepositoryWatcher | None = None
+        # Told, after every change that loaded or unloaded a version, whether any model is
+        # being served (the server turns health NOT_SERVING while none is).
+        self.on_change: Callable[[bool], Awaitable[None]] | None = None
+
+    # -- startup -------------------------------------------------------------------------------
+
+    async def load_all(self) -> None:
+        """Startup: scan, load what the policies pick and start watching; raise LoadError if
+        nothing (or the named default model) could be served."""
+        if not self.root.is_dir():
+            raise LoadError(f"model repository {self.root} is not a directory", "other")
+        found = scan(self.root)
+        if not found:
+            raise LoadError(
+                f"no model versions in {self.root} (expected {self.root}/<name>/<version>/"
+                "manifest.json; export one with `textserve export`)",
+                "other",
+            )
+        wanted = self.config.model
+        if wanted is not None and wanted not in found:
+            raise LoadError(
+                f"--model {wanted!r} is not in {self.root}; it has {', '.join(found)}", "other"
+            )
+        await self.reconcile()
+        if wanted is not None:
+            if not self.models[wanted].ready():
+                record = self.models[wanted]
+                raise LoadError(
+                    f"default model {record.describe()} did not load (version policy "
+                    f"{record.policy})",
+                    "other",
+                )
+            self.default_model = wanted
+        elif len(self.models) == 1:
+            self.default_model = next(iter(self.models))
+        if not any(m.ready() for m in self.models.values()):
+            raise LoadError(
+                "no model version could be loaded: "
+                + "; ".join(
+                    f"{m.name} {v.version}: {v.reason}"
+                    for m in self.models.values()
+                    for v in m.versions.values()
+                    if v.state is State.FAILED
+                ),
+                "other",
+            )
+        self._started = True
+        if self.config.poll_interval > 0:
+            self._watcher = RepositoryWatcher(self.reconcile, self.config.poll_interval)
+            self._watcher.start()
+
+    # -- reconciling ---------------------------------------------------------------------------
+
+    async def reconcile(self, names: Iterable[str] | None = None) -> list[ReloadEvent]:
+        """Scan the repository and make the served versions of `names` (None: every model)
+        match their policies. Returns what changed. Retired versions drain in the background."""
+        async with self._lock:
+            return await self._reconcile(None if names is None else set(names))
+
+    async def _reconcile(self, names: set[str] | None) -> list[ReloadEvent]:
+        await self._rescan()
+        events: list[ReloadEvent] = []
+        for record in list(self.models.values()):
+            if names is not None and record.name not in names:
+                continue
+            self._refresh_policy(record)
+            while True:  # a refused version leaves the candidates, so the policy picks again
+                missing = [
+                    v for v in record.wanted() if record.versions[v].state is State.AVAILABLE
+                ]
+                if not missing:
+                    break
+                ok = await self._load(record, record.versions[missing[0]])
+                events.append(
+                    ReloadEvent(
+                        record.name,
+                        missing[0],
+                        "loaded" if ok else "refused",
+                        record.versions[missing[0]].reason,
+                    )
+                )
+            keep = set(record.wanted())
+            for entry in record.ready():
+                if entry.version not in keep:
+                    self._retire(record, entry)
+                    events.append(ReloadEvent(record.name, entry.version, "unloaded"))
+            self._forget_removed(record)
+        if events and self.on_change is not None:
+            await self.on_change(self.serving())
+        return events
+
+    def serving(self) -> bool:
+        """Whether any model has a version that takes requests."""
+        return any(record.ready() for record in self.models.values())
+
+    async def _rescan(self) -> None:
+        """Scan the repository into the records. The files of refused and served versions are
+        watched for changes; like the scan, reading them stays off the event loop (a slow or
+        hung mount must not stall serving)."""
+        watched = [
+            entry.path
+            for record in self.models.values()
+            for entry in record.versions.values()
+            if entry.state in (State.FAILED, State.READY)
+        ]
+        found, files = await asyncio.get_running_loop().run_in_executor(
+            None, _scan_watching, self.root, watched
+        )
+        self._update_records(found, files)
+
+    def _update_records(self, found: dict[str, dict[int, Path]], files: dict[Path, Files]) -> None:
+        for name, versions in found.items():
+            record = self.models.setdefault(name, ModelRecord(name))
+            for version, path in versions.items():
+                entry = record.versions.setdefault(version, VersionRecord(version, path))
+                entry.on_disk = True
+                now = files.get(path)
+                if now is None or now == entry.loaded_files:
+                    continue
+                if entry.state is State.FAILED:
+                    logger.info(
+                        "model %s version %d changed on disk: trying it again", name, version
+                    )
+                    entry.state, entry.reason = State.AVAILABLE, ""
+                elif entry.state is State.READY and now and now != entry.changed_files:
+                    # Versions are immutable (an export publishes a new one): files of a served
+                    # version rewritten in place are not reloaded, the copy verified at load
+                    # keeps serving. Said once per change: a silent mismatch is worse.
+                    entry.changed_files = now
+                    logger.warning(
+                        "model %s version %d: its files changed on disk since it was loaded; "
+                        "still serving the copy verified at load. Versions are immutable: "
+                        "publish the change as a new version (textserve export), which is "
+                        "picked up and verified",
+                        name, version,
+                    )  # fmt: skip
+        for name, record in self.models.items():
+            on_disk = found.get(name, {})
+            for entry in record.versions.values():
+                entry.on_disk = entry.version in on_disk
+
+    def _refresh_policy(self, record: ModelRecord) -> None:
+        try:
+            from_file = read_policy_file(self.root / record.name)
+        except PolicyError as exc:
+            if not self._started:
+                raise LoadError(str(exc), "other") from None
+            if str(exc) != record.policy_problem:
+                logger.error("%s; keeping version policy %s", exc, record.policy)
+            record.policy_problem = str(exc)
+            return
+        record.policy_problem = ""
+        policy = self.config.version_policy.for_model(record.name, from_file)
+        if policy != record.policy:
+            if self._started:
+                logger.info("model %s: version policy %s -> %s", record.name, record.policy, policy)
+            record.policy = policy
+
+    def _forget_removed(self, record: ModelRecord) -> None:
+        """Drop versions that left the disk and hold nothing; drop a model with none left."""
+        for version, entry in list(record.versions.items()):
+            if not entry.on_disk and entry.handle is None and entry.state is not State.LOADING:
+                del record.versions[version]
+        if not record.versions and self._started and self.models.get(record.name) is record:
+            logger.info("model %s is gone from %s", record.name, self.root)
+            del self.models[record.name]
+            if self.metrics is not None:
+                self.metrics.clear_model_info(record.name)
+
+    async def _load(self, record: ModelRecord, entry: VersionRecord) -> bool:
+        """Load, verify and warm one version, then start serving it. False (state FAILED,
+        reason logged and counted) if it cannot be served."""
+        name, version = record.name, entry.version
+        entry.state = State.LOADING
+        loop = asyncio.get_running_loop()
+        try:
+            # Taken before loading: files that change during the load differ at the next scan.
+            entry.loaded_files = await loop.run_in_executor(None, fingerprint, entry.path)
+            entry.changed_files = ()
+            handle = await loop.run_in_executor(None, self._load_blocking, entry.path)
+        except LoadError as exc:
+            self._refuse(record, entry, str(exc), exc.reason)
+            return False
+        except BaseException:
+            entry.state = State.AVAILABLE  # cancelled (shutdown) or a configuration error
+            raise
+        handle.start()
+        entry.handle, entry.state, entry.reason = handle, State.READY, ""
+        logger.info(
+            "model %s version %d ready on %s (labels %s, max_length %d)",
+            name, version, handle.provider, ", ".join(handle.labels), handle.max_length,
+        )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.init_model(name)
+        self._update_info(record)
+        return True
+
+    def _load_blocking(self, path: Path) -> ModelHandle:
+        from textserve.service.engine.runtime import DeviceUnavailableError
+
+        try:
+            return load_version_dir(path, self.config, metrics=self.metrics)
+        except DeviceUnavailableError as exc:
+            if not self._started:
+                raise  # at startup: a configuration error with its own message
+            raise LoadError(str(exc), "session_error") from None
+
+    def _refuse(self, record: ModelRecord, entry: VersionRecord, reason: str, label: str) -> None:
+        entry.state, entry.reason = State.FAILED, reason
+        serving = record.ready()
+        logger.error(
+            "model %s version %d refused (%s): %s%s",
+            record.name, entry.version, label, reason,
+            f"; version {serving[0].version} keeps serving" if serving else "",
+        )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.count_load_failure(record.name, label)
+
+    def _retire(self, record: ModelRecord, entry: VersionRecord) -> None:
+        """Stop handing `entry` out (same loop step), then drain it in the background."""
+        entry.state = State.UNLOADING
+        self._update_info(record)
+        key = (record.name, entry.version)
+        logger.info("model %s version %d retired; draining", *key)
+        self._drains[key] = asyncio.get_running_loop().create_task(
+            self._drain(record, entry), name=f"drain-{record.name}:{entry.version}"
+        )
+
+    async def _drain(self, record: ModelRecord, entry: VersionRecord) -> None:
+        try:
+            if entry.handle is not None:
+                await entry.handle.drain(self.config.grace_period)
+        finally:
+            entry.handle = None
+            if entry.state is State.UNLOADING:
+                entry.state = State.AVAILABLE
+            self._drains.pop((record.name, entry.version), None)
+            logger.info("model %s version %d unloaded", record.name, entry.version)
+            self._forget_removed(record)
+
+    def _update_info(self, record: ModelRecord) -> None:
+        """textserve_model_info follows the version `get` hands out: the newest READY."""
+        if self.metrics is None:
+            return
+        ready = record.ready()
+        if ready and ready[0].handle is not None:
+            self.metrics.set_model_info(record.name, ready[0].version, ready[0].handle.provider)
+        else:
+            self.metrics.clear_model_info(record.name)
+
+    # -- explicit control (the admin service) --------------------------------------------------
+
+    async def load_model(
+        self, name: str, version: int | None = None
+    ) -> tuple[ModelRecord, list[ReloadEvent]]:
+        """Serve `version` of `name` (kept beside the policy's choice until unloaded), or with
+        None serve what the policy picks again, retrying refused versions. LoadFailedError if
+        nothing asked for could be served."""
+        async with self._lock:
+            await self._rescan()
+            record = self._record(name)
+            if version:
+                entry = self._entry(record, version)
+                record.excluded.discard(version)
+                record.pinned.add(version)
+                if entry.state is State.FAILED:
+                    entry.state = State.AVAILABLE  # asked for by hand: try it again
+            else:
+                record.disabled = False
+                record.excluded.clear()
+                for entry in record.versions.values():
+                    if entry.state is State.FAILED:
+                        entry.state = State.AVAILABLE
+            events = await self._reconcile({name})
+            if version and record.versions[version].state is not State.READY:
+                record.pinned.discard(version)
+                raise LoadFailedError(
+                    f"model {name!r} version {version} was refused: "
+                    f"{record.versions[version].reason}"
+                )
+            if not version and not record.ready():
+                raise LoadFailedError(
+                    f"model {name!r} has no version that loads; {record.describe()}"
+                )
+            return record, events
+
+    async def unload_model(
+        self, name: str, version: int | None = None
+    ) -> tuple[ModelRecord, list[ReloadEvent]]:
+        """Stop serving `version` of `name` (the policy then picks among the others), or with
+        None every version of it until load_model(name). Returns once drained."""
+        async with self._lock:
+            record = self._record(name)
+            if version:
+                self._entry(record, version)
+                record.excluded.add(version)
+                record.pinned.discard(version)
+            else:
+                record.disabled = True
+                record.pinned.clear()
+            events = await self._reconcile({name})
+            drains = [
+                task
+                for (model, v), task in self._drains.items()
+                if model == name and (not version or v == version)
+            ]
+        await asyncio.gather(*drains)
+        return record, events
+
+    def _record(self, name: str) -> ModelRecord:
+        record = self.models.get(name)
+        if record is None:
+            raise ModelNotFoundError(f"model {name!r} not found; models: {self._listing()}")
+        return record
+
+    def _entry(self, record: ModelRecord, version: int) -> VersionRecord:
+        entry = record.versions.get(version)
+        if entry is None or not entry.on_disk:
+            raise ModelNotFoundError(
+                f"model {record.name!r} has no version {version} on disk; {record.describe()}"
+            )
+        return entry
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def get(self, name: str | None = None, version: int | None = None) -> ModelHandle:
+        """The handle serving `name` (None: the default model) at `version` (None: newest READY)."""
+        if not name:
+            if self.default_model is None:
+                raise ModelNotFoundError(
+                    "no model named and this server has no default model; name one of: "
+                    + self._listing()
+                )
+            name = self.default_model
+        record = self.models.get(name)
+        if record is None:
+            raise ModelNotFoundError(f"model {name!r} not found; models: {self._listing()}")
+        if version:
+            entry = record.versions.get(version)
+            if entry is None:
+                raise ModelNotFoundError(
+                    f"model {name!r} has no version {version}; {record.describe()}"
+                )
+            if entry.state is not State.READY or entry.handle is None:
+                detail = f": {entry.reason}" if entry.reason else ""
+                raise NotReadyError(
+                    f"model {name!r} version {version} is {entry.state.value}{detail}; "
+                    f"{record.describe()}"
+                )
+            return entry.handle
+        ready = record.ready()
+        if not ready or ready[0].handle is None:
+            raise NotReadyError(f"model {name!r} has no ready version; {record.describe()}")
+        return ready[0].handle
+
+    def names(self) -> list[str]:
+        """Models with at least one READY version, sorted."""
+        return sorted(name for name, record in self.models.items() if record.ready())
+
+    def versions(self, name: str) -> list[int]:
+        """The READY versions of `name`, ascending; ModelNotFoundError if there is no such model."""
+        return sorted(v.version for v in self._record(name).ready())
+
+    def _listing(self) -> str:
+        return ", ".join(m.describe() for m in self.models.values()) or "none"
+
+    def handles(self) -> list[ModelHandle]:
+        """Every handle still holding a session: READY and draining ones."""
+        return [
+            v.handle
+            for m in self.models.values()
+            for v in m.versions.values()
+            if v.handle is not None
+        ]
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Drain phase: no more reloads; every batcher runs what is queued without waiting for
+        batches to fill."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+        for handle in self.handles():
+            handle.flush()
+
+    async def close(self, timeout: float | None = 0.0) -> None:
+        if self._watcher is not None:
+            await self._watcher.stop()
+        handles = self.handles()  # draining ones too: their drain is cut short below
+        drains = list(self._drains.values())
+        for task in drains:
+            task.cancel()
+        await asyncio.gather(*drains, return_exceptions=True)
+        await asyncio.gather(*(h.close(timeout) for h in handles))
+        for record in self.models.values():
+            for entry in record.versions.values():
+                if entry.handle is not None:
+                    entry.handle, entry.state = None, State.AVAILABLE

@@ -1,0 +1,160 @@
+"""The transport side of every servicer: ONE status table, request observation and deadlines.
+
+    @grpc_errors                                   # taxonomy -> its status; the rest INTERNAL
+    async def Classify(self, request, context):
+        with observed(metrics, "Classify", deadline_of(context)) as seen:
+            handle = repository.get(...)
+            seen.model = handle.name
+            ...
+
+Both front ends (textserve.v1 and the Open Inference Protocol) and the admin service use these,
+so a status code, and the code a request is counted with in the metrics, is decided here once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from textserve.service.errors import (
+    CancelledError,
+    DeadlineExceededError,
+    InternalError,
+    LoadFailedError,
+    ModelNotFoundError,
+    NotReadyError,
+    OverloadedError,
+    ServiceError,
+    ValidationError,
+)
+
+if TYPE_CHECKING:
+    from textserve.service.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+
+# The one table: exception class -> grpc.StatusCode member name. Looked up along the MRO so a
+# subclass inherits its parent's code.
+GRPC_CODES: dict[type[ServiceError], str] = {
+    ValidationError: "INVALID_ARGUMENT",
+    ModelNotFoundError: "NOT_FOUND",
+    NotReadyError: "UNAVAILABLE",
+    OverloadedError: "RESOURCE_EXHAUSTED",
+    DeadlineExceededError: "DEADLINE_EXCEEDED",
+    CancelledError: "CANCELLED",
+    LoadFailedError: "FAILED_PRECONDITION",
+    InternalError: "INTERNAL",
+    ServiceError: "INTERNAL",
+}
+
+
+def code_name(exc: BaseException) -> str:
+    """The grpc.StatusCode name for an exception; anything outside the taxonomy is INTERNAL."""
+    for cls in type(exc).__mro__:
+        if cls in GRPC_CODES:
+            return GRPC_CODES[cls]
+    return "INTERNAL"
+
+
+def public_message(exc: BaseException) -> str:
+    """What the caller is told: our own message, never internals of an unexpected exception."""
+    if isinstance(exc, ServiceError):
+        return str(exc)
+    return "internal error (logged on the server)"
+
+
+def grpc_code(exc: BaseException) -> grpc.StatusCode:
+    """The grpc.StatusCode for an exception."""
+    return grpc.StatusCode[code_name(exc)]
+
+
+def log_unexpected(exc: BaseException, what: str) -> None:
+    """Log an exception outside the taxonomy with its traceback (the server goes on)."""
+    if not isinstance(exc, ServiceError):
+        logger.error("unexpected error in %s", what, exc_info=exc)
+
+
+def grpc_errors(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Decorate an async unary servicer method: taxonomy -> its status; anything else ->
+    INTERNAL after logging the traceback. Aborts from the method itself pass through."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # the one place unexpected errors become INTERNAL
+            log_unexpected(exc, method.__qualname__)
+            await context.abort(grpc_code(exc), public_message(exc))
+
+    return wrapper
+
+
+def grpc_stream_errors(
+    method: Callable[..., AsyncIterator[Any]],
+) -> Callable[..., AsyncIterator[Any]]:
+    """The same as grpc_errors for async-generator (streaming response) methods."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            async for item in method(self, request, context):
+                yield item
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log_unexpected(exc, method.__qualname__)
+            await context.abort(grpc_code(exc), public_message(exc))
+
+    return wrapper
+
+
+def deadline_of(context: Any) -> float | None:
+    """The call's deadline as absolute time.monotonic() seconds (None: no deadline)."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+class Seen:
+    """What an observed request learnt on its way: the model it reached (its metrics label)."""
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+
+@contextlib.contextmanager
+def observed(
+    metrics: Metrics | None, method: str, deadline: float | None, model: str = ""
+) -> Iterator[Seen]:
+    """Count one request in `textserve_request_duration_seconds` with its final status code.
+
+    `model` is the name asked for (an unknown one is counted as one label value by the
+    metrics); set `seen.model` once the request reached a model. A handler cancelled by grpc
+    counts as DEADLINE_EXCEEDED when the caller's deadline has passed (grpc cancels the handler
+    then too), else as CANCELLED; an exception counts with its code from the table above."""
+    started = time.perf_counter()
+    seen = Seen(model)
+    code = "OK"
+    try:
+        yield seen
+    except asyncio.CancelledError:
+        expired = deadline is not None and time.monotonic() >= deadline
+        code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
+        raise
+    except Exception as exc:
+        code = code_name(exc)
+        raise
+    finally:
+        if metrics is not None:
+            metrics.observe_request(method, seen.model, code, time.perf_counter() - started)

@@ -1,0 +1,356 @@
+"""The textserve client library: a synchronous `Client`, an asyncio `AsyncClient`, and an
+`AdminClient` for the textserve.v1.Admin service (servers run with --enable-admin).
+
+    with Client("127.0.0.1:50051") as client:
+        result = client.classify(["a gripping, beautifully acted film"])
+        print(result.predictions[0].label, result.predictions[0].score)
+
+    async with AsyncClient("127.0.0.1:50051") as client:
+        result = await client.classify(["..."], all_scores=True)
+
+    with AdminClient("127.0.0.1:50051") as admin:
+        admin.load_model("default", 3)          # serve version 3 beside the policy's choice
+        admin.unload_model("default", 4)        # roll back: retire 4, the policy picks again
+        admin.reload_repository()               # scan now instead of at the next poll
+
+TLS, mutual TLS and bearer tokens (see textserve.connect)::
+
+    Client("host:50051", ca="ca.pem", cert="client.pem", key="client.key", token="...")
+
+Server errors arrive as `ClientError` with the gRPC code name and the server's message; the
+Admin calls answer NOT_FOUND, FAILED_PRECONDITION (the version was refused, the message says
+why) or UNIMPLEMENTED (the server runs without --enable-admin).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+
+from textserve.connect import bearer_metadata, open_channel
+from textserve.v1 import admin_pb2, admin_pb2_grpc
+from textserve.v1 import classifier_pb2 as pb
+from textserve.v1 import classifier_pb2_grpc as pb_grpc
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
+class ClientError(Exception):
+    """A call that failed: `code` is the gRPC status code name (e.g. "INVALID_ARGUMENT")."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def from_rpc(cls, error: grpc.RpcError) -> ClientError:
+        code = error.code() if hasattr(error, "code") else None
+        details = error.details() if hasattr(error, "details") else str(error)
+        return cls(code.name if code is not None else "UNKNOWN", details or "")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    score: float
+    scores: dict[str, float] = field(default_factory=dict)  # every label, with all_scores=True
+    top: list[tuple[str, float]] = field(default_factory=list)  # best top_k, with top_k > 0
+    num_tokens: int = 0
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class ClassifyResult:
+    model: str
+    version: int
+    predictions: list[Prediction]
+    timing: dict[str, float]  # queue/tokenize/inference/total seconds on the server
+
+
+def _request(
+    texts: Sequence[str],
+    model: str | None,
+    version: int | None,
+    truncate: bool | None,
+    top_k: int,
+    all_scores: bool,
+    request_id: str,
+) -> pb.ClassifyRequest:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of strings, not one string")
+    for index, text in enumerate(texts):
+        if isinstance(text, str) and not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:  # gRPC strings are UTF-8: lone surrogates can't go
+                raise ValueError(
+                    f"texts[{index}] is not valid Unicode text (a lone surrogate at character "
+                    f"{exc.start}); decode your input with errors='replace' or fix it"
+                ) from None
+    request = pb.ClassifyRequest(
+        id=request_id,
+        texts=list(texts),
+        model=model or "",
+        version=version or 0,
+        top_k=top_k,
+        all_scores=all_scores,
+    )
+    if truncate is not None:
+        request.truncate = truncate
+    return request
+
+
+def to_result(response: pb.ClassifyResponse) -> ClassifyResult:
+    labels = list(response.labels)
+    predictions = [
+        Prediction(
+            label=r.label,
+            score=r.score,
+            scores=dict(zip(labels, r.scores, strict=False)) if r.scores else {},
+            top=[(t.label, t.score) for t in r.top],
+            num_tokens=r.num_tokens,
+            truncated=r.truncated,
+        )
+        for r in response.results
+    ]
+    t = response.timing
+    return ClassifyResult(
+        model=response.model,
+        version=response.model_version,
+        predictions=predictions,
+        timing={
+            "queue_seconds": t.queue_seconds,
+            "tokenize_seconds": t.tokenize_seconds,
+            "inference_seconds": t.inference_seconds,
+            "total_seconds": t.total_seconds,
+        },
+    )
+
+
+class BlockingClient:
+    """What every blocking client shares: one channel (closed on exit if it opened it), the
+    bearer token sent with each call, a default timeout, and gRPC errors as ClientError."""
+
+    def __init__(
+        self,
+        target: str,
+        channel: grpc.Channel,
+        *,
+        timeout: float | None,
+        token: str | None,
+        own_channel: bool = True,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._metadata = bearer_metadata(token)
+        self._channel = channel
+        self._own_channel = own_channel
+
+    def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+
+    def close(self) -> None:
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Client(BlockingClient):
+    """Blocking client over one channel; thread-safe (gRPC channels are)."""
+
+    def __init__(
+        self,
+        target: str = DEFAULT_SERVER,
+        *,
+        timeout: float | None = 30.0,
+        tls: bool = False,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+        server_name: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        """TLS when `tls` or `ca` (PEM CA bundle; None: the system's roots) is given; `cert` and
+        `key`: a client certificate for mutual TLS; `server_name`: the name to check the
+        server's certificate against, if not the target's host; `token`: sent as
+        `authorization: Bearer <token>` with every call."""
+        channel = open_channel(
+            target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name, options=_OPTIONS
+        )
+        super().__init__(target, channel, timeout=timeout, token=token)
+        self.stub = pb_grpc.ClassifierStub(self._channel)
+
+    def classify(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        truncate: bool | None = None,
+        top_k: int = 0,
+        all_scores: bool = False,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> ClassifyResult:
+        request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
+        return to_result(self._call(self.stub.Classify, request, timeout))
+
+    def list_models(self) -> pb.ListModelsResponse:
+        return self._call(self.stub.ListModels, pb.ListModelsRequest())
+
+    def get_model(self, name: str | None = None, version: int | None = None) -> pb.ModelInfo:
+        return self._call(
+            self.stub.GetModel, pb.GetModelRequest(name=name or "", version=version or 0)
+        )
+
+
+class AsyncClient:
+    """asyncio client over one grpc.aio channel; create it inside the running loop."""
+
+    def __init__(
+        self,
+        target: str = DEFAULT_SERVER,
+        *,
+        timeout: float | None = 30.0,
+        tls: bool = False,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+        server_name: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        """The same options as Client's."""
+        self.target = target
+        self.timeout = timeout
+        self._metadata = bearer_metadata(token)
+        self._channel = open_channel(
+            target,
+            tls=tls,
+            ca=ca,
+            cert=cert,
+            key=key,
+            server_name=server_name,
+            options=_OPTIONS,
+            aio=True,
+        )
+        self.stub = pb_grpc.ClassifierStub(self._channel)
+
+    async def classify(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        truncate: bool | None = None,
+        top_k: int = 0,
+        all_scores: bool = False,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> ClassifyResult:
+        request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
+        try:
+            response = await self.stub.Classify(
+                request, timeout=timeout or self.timeout, metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+        return to_result(response)
+
+    async def list_models(self) -> pb.ListModelsResponse:
+        return await self._call(self.stub.ListModels, pb.ListModelsRequest())
+
+    async def get_model(self, name: str | None = None, version: int | None = None) -> pb.ModelInfo:
+        return await self._call(
+            self.stub.GetModel, pb.GetModelRequest(name=name or "", version=version or 0)
+        )
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+# Loading waits for the version's checks and warm-up, unloading for its requests to finish
+# (up to the server's --grace-period, 30 s by default): allow more than a classify call.
+ADMIN_TIMEOUT = 120.0
+
+
+class AdminClient(BlockingClient):
+    """Blocking Admin client over one channel (its own, or `channel` if given). TLS and token
+    arguments as for textserve.client.Client."""
+
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        timeout: float | None = ADMIN_TIMEOUT,
+        channel: grpc.Channel | None = None,
+        tls: bool = False,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+        server_name: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        own = channel is None
+        if channel is None:
+            channel = open_channel(
+                target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name
+            )
+        super().__init__(
+            target,
+            channel,
+            timeout=timeout,
+            token=token,
+            own_channel=own,
+        )
+        self.stub = admin_pb2_grpc.AdminStub(self._channel)
+
+    def load_model(self, name: str, version: int | None = None) -> admin_pb2.LoadModelResponse:
+        return self._call(self.stub.LoadModel, admin_pb2.LoadModelRequest(name=name, version=version or 0))
+
+    def unload_model(self, name: str, version: int | None = None) -> admin_pb2.UnloadModelResponse:
+        return self._call(
+            self.stub.UnloadModel, admin_pb2.UnloadModelRequest(name=name, version=version or 0)
+        )
+
+    def reload_repository(self) -> admin_pb2.ReloadRepositoryResponse:
+        return self._call(self.stub.ReloadRepository, admin_pb2.ReloadRepositoryRequest())

@@ -1,0 +1,146 @@
+"""`textserve classify [TEXT ...]`: classify texts against a running server.
+
+Texts come from the arguments, else from --file, else one per line from standard input.
+Prints a table (label, score, text) by default; --json prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from textserve import connect
+from textserve.cli import CliError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to classify")
+    parser.add_argument("--file", help="read texts from this file, one per line ('-': stdin)")
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("TEXTSERVE_SERVER", "127.0.0.1:50051"),
+        help="server address HOST:PORT [TEXTSERVE_SERVER]",
+    )
+    parser.add_argument("--model", help="model name (default: the server's default model)")
+    parser.add_argument("--version", type=int, help="model version (default: the newest)")
+    parser.add_argument("--all-scores", action="store_true", help="show every label's score")
+    parser.add_argument("--top-k", type=int, default=0, help="show the k best labels per text")
+    parser.add_argument(
+        "--no-truncate", action="store_true", help="refuse texts longer than the model takes"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--batch-size", type=int, default=256, help="texts per request (default: 256)"
+    )
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    connect.add_arguments(parser)
+
+
+def read_texts(args: argparse.Namespace) -> list[str]:
+    if args.texts:
+        return list(args.texts)
+    if args.file and args.file != "-":
+        try:
+            with open(args.file, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise CliError(
+                f"{args.file} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
+    elif args.file == "-" or not sys.stdin.isatty():
+        lines = sys.stdin.read().splitlines()
+    else:
+        raise CliError("no texts: give them as arguments, with --file, or on standard input")
+    texts = [line for line in lines if line.strip()]
+    if not texts:
+        raise CliError("no texts: the input has only blank lines")
+    return texts
+
+
+def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def format_table(texts: Sequence[str], predictions: list[Any], all_scores: bool, top_k: int) -> str:
+    """A readable table: LABEL, SCORE, TEXT (long texts cut), optional scores after the text."""
+    rows = []
+    for text, pred in zip(texts, predictions, strict=True):
+        shown_scores = pred.scores.items() if all_scores else pred.top if top_k else ()
+        extra = "".join(
+            f"  {k}={v:.4f}" if i == 0 else f" {k}={v:.4f}" for i, (k, v) in enumerate(shown_scores)
+        )
+        shown = " ".join(text.split())
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        rows.append((pred.label, f"{pred.score:.4f}", shown + extra))
+    width = max([len("LABEL"), *(len(r[0]) for r in rows)])
+    lines = [f"{'LABEL':<{width}}  SCORE   TEXT"]
+    lines += [f"{label:<{width}}  {score}  {text}" for label, score, text in rows]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from textserve.client import Client, ClientError
+
+    if args.batch_size < 1:
+        raise CliError("--batch-size must be at least 1")
+    texts = read_texts(args)
+    predictions = []
+    model = version = None
+    try:
+        with Client(args.server, timeout=args.timeout, **connect.client_options(args)) as client:
+            for chunk in chunks(texts, args.batch_size):
+                result = client.classify(
+                    chunk,
+                    model=args.model,
+                    version=args.version,
+                    truncate=False if args.no_truncate else None,
+                    top_k=args.top_k,
+                    all_scores=args.all_scores,
+                )
+                model, version = result.model, result.version
+                predictions.extend(result.predictions)
+    except ClientError as exc:
+        if exc.code == "UNAVAILABLE":
+            raise CliError(f"cannot reach a ready server at {args.server}: {exc.message}") from None
+        if exc.code == "RESOURCE_EXHAUSTED" and "larger than max" in exc.message:
+            raise CliError(
+                f"a request was larger than the server takes ({exc.message}); send fewer texts "
+                "per request with --batch-size"
+            ) from None
+        if exc.code == "UNAUTHENTICATED":
+            raise CliError(
+                f"the server refused the call: {exc.message} (give the token with --token-file "
+                f"or ${connect.TOKEN_ENV})"
+            ) from None
+        raise CliError(str(exc)) from None
+    except ValueError as exc:  # unusable TLS files or token, text that is not valid Unicode
+        raise CliError(str(exc)) from None
+    if args.json:
+        doc = {
+            "model": model,
+            "version": version,
+            "results": [
+                {
+                    "text": text,
+                    "label": p.label,
+                    "score": p.score,
+                    **({"scores": p.scores} if args.all_scores else {}),
+                    **({"top": [list(t) for t in p.top]} if args.top_k else {}),
+                    "num_tokens": p.num_tokens,
+                    "truncated": p.truncated,
+                }
+                for text, p in zip(texts, predictions, strict=True)
+            ],
+        }
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        print(format_table(texts, predictions, args.all_scores, args.top_k))
+        print(f"({model} version {version}, {len(texts)} texts)", file=sys.stderr)
+    return 0

@@ -1,0 +1,203 @@
+"""Connecting to a textserve server: channels (plaintext, TLS, mutual TLS), bearer tokens, and
+the connection flags of the client subcommands. The client side only: nothing here imports the
+server.
+
+    channel = open_channel("host:50051", ca="ca.pem", cert="client.pem", key="client.key")
+    stub.Classify(request, metadata=bearer_metadata(token))
+
+    add_arguments(parser)                          # --tls, --tls-ca, --tls-cert, --tls-key, ...
+    Client(args.server, **client_options(args))    # ca/cert/key/server_name/token for the Client
+
+The token comes from --token-file, else from the TEXTSERVE_TOKEN environment variable, read
+here at the edge. Client certificate flags have no environment fallback on purpose: the
+server's TEXTSERVE_TLS_CERT/KEY name the server's own certificate. The server reads its token
+file and PEM files with the same functions (parse_tokens, read_tokens, read_pem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from textserve.cli import CliError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+AUTHORIZATION = "authorization"  # gRPC metadata keys are lowercase (HTTP/2 headers)
+SCHEME = "bearer"
+MIN_TOKEN_LENGTH = 16  # shorter tokens are accepted with a warning: guessable
+
+PathLike = str | Path
+
+
+# -- tokens ---------------------------------------------------------------------------------------
+
+
+def parse_tokens(text: str, source: str = "token file") -> list[str]:
+    """Tokens from a token file's text: one per line; blank lines and `#` comments skipped.
+
+    >>> parse_tokens("# ops\\ns3cr3t-0123456789abcdef\\n\\n")
+    ['s3cr3t-0123456789abcdef']
+    """
+    tokens = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        token = line.strip()
+        if not token or token.startswith("#"):
+            continue
+        if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+            raise ConfigError(
+                f"{source} line {number}: a token must be printable ASCII without spaces "
+                "(it travels as 'authorization: Bearer <token>' metadata)"
+            )
+        tokens.append(token)
+    if not tokens:
+        raise ConfigError(f"{source} holds no token: put one token per line")
+    return tokens
+
+
+def read_tokens(path: PathLike, flag: str = "--auth-token-file") -> list[str]:
+    """The tokens of a token file; ConfigError naming `flag` when it cannot be used."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{flag} {path}: cannot read it ({exc})") from None
+    tokens = parse_tokens(text, f"{flag} {path}")
+    if any(len(t) < MIN_TOKEN_LENGTH for t in tokens):
+        logger.warning(
+            "%s %s has tokens shorter than %d characters: easy to guess",
+            flag, path, MIN_TOKEN_LENGTH,
+        )  # fmt: skip
+    return tokens
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying `token` (empty when None), for every call of a client."""
+    if token is None:
+        return ()
+    token = token.strip()
+    if not token or not token.isascii() or not token.isprintable() or " " in token:
+        raise ValueError("a bearer token must be non-empty printable ASCII without spaces")
+    return ((AUTHORIZATION, f"Bearer {token}"),)
+
+
+# -- TLS ------------------------------------------------------------------------------------------
+
+
+def read_pem(path: PathLike, flag: str, kind: str) -> bytes:
+    """A PEM file's bytes, checked to hold a `kind` block ("CERTIFICATE", "PRIVATE KEY"):
+    grpc only finds a bad file at the first handshake, we want it at startup."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
+    if b"-----BEGIN " not in data or f"{kind}-----".encode() not in data:
+        raise ConfigError(f"{flag} {path}: not a PEM file holding a {kind.lower()}")
+    return data
+
+
+def channel_credentials(
+    ca: PathLike | None = None, cert: PathLike | None = None, key: PathLike | None = None
+) -> Any:
+    """Client TLS credentials: trust `ca` (None: the system's roots); present `cert`/`key`
+    (both or neither) to a server that asks for a client certificate."""
+    import grpc
+
+    if (cert is None) != (key is None):
+        raise ValueError("a client certificate needs its key: give both cert and key, or neither")
+    return grpc.ssl_channel_credentials(
+        root_certificates=None if ca is None else read_pem(ca, "--tls-ca", "CERTIFICATE"),
+        private_key=None if key is None else read_pem(key, "--tls-key", "PRIVATE KEY"),
+        certificate_chain=None if cert is None else read_pem(cert, "--tls-cert", "CERTIFICATE"),
+    )
+
+
+def open_channel(
+    target: str,
+    *,
+    tls: bool = False,
+    ca: PathLike | None = None,
+    cert: PathLike | None = None,
+    key: PathLike | None = None,
+    server_name: str | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+    aio: bool = False,
+) -> Any:
+    """A channel to `target`: TLS when `tls` or any of ca/cert/key is given, else plaintext.
+    `server_name` overrides the name checked against the server's certificate (e.g. when
+    dialling 127.0.0.1 a server whose certificate names its DNS name). `aio`: a grpc.aio one."""
+    import grpc  # here: `textserve --help` and the flag helpers stay instant
+
+    opts = list(options)
+    if not (tls or ca or cert or key):
+        if server_name:
+            raise ValueError("server_name only applies to TLS: give tls=True or a CA")
+        return (grpc.aio.insecure_channel if aio else grpc.insecure_channel)(target, options=opts)
+    if server_name:
+        opts.append(("grpc.ssl_target_name_override", server_name))
+    credentials = channel_credentials(ca, cert, key)
+    return (grpc.aio.secure_channel if aio else grpc.secure_channel)(
+        target, credentials, options=opts
+    )
+
+
+# -- the client subcommands' flags -----------------------------------------------------------
+
+TOKEN_ENV = "TEXTSERVE_TOKEN"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection security")
+    group.add_argument(
+        "--tls", action="store_true", help="connect with TLS, trusting the system's CA roots"
+    )
+    group.add_argument(
+        "--tls-ca",
+        default=os.environ.get("TEXTSERVE_TLS_CA"),
+        help="PEM CA bundle to trust for the server's certificate (implies --tls) "
+        "[TEXTSERVE_TLS_CA]",
+    )
+    group.add_argument("--tls-cert", help="PEM client certificate, for mutual TLS")
+    group.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    group.add_argument(
+        "--tls-server-name",
+        help="name to check the server's certificate against (default: the host of --server)",
+    )
+    group.add_argument(
+        "--token-file",
+        help=f"file holding the bearer token to send (default: ${TOKEN_ENV}, if set)",
+    )
+
+
+def read_token(path: str) -> str:
+    try:
+        tokens = read_tokens(path, "--token-file")
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    if len(tokens) > 1:
+        raise CliError(f"--token-file {path} holds {len(tokens)} tokens; a client sends one")
+    return tokens[0]
+
+
+def client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments for textserve.client.Client from the parsed flags."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise CliError("--tls-cert and --tls-key go together: give both, or neither")
+    if args.token_file:
+        token: str | None = read_token(args.token_file)
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip() or None
+    tls = bool(args.tls or args.tls_ca or args.tls_cert)
+    if args.tls_server_name and not tls:
+        raise CliError("--tls-server-name needs TLS: add --tls or --tls-ca")
+    return {
+        "tls": tls,
+        "ca": args.tls_ca,
+        "cert": args.tls_cert,
+        "key": args.tls_key,
+        "server_name": args.tls_server_name,
+        "token": token,
+    }
