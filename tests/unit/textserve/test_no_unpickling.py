@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("model", "export", "service")
+ROOT = Path(__file__).resolve().parents[3]
+PACKAGES = ("model", "export", "service", "textserve", "bench")
 UNSAFE_MODULES = {
     *("pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "shelve", "marshal"),
 }

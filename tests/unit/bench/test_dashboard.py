@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from textserve.service.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "textserve.json"
 DATASOURCES = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
 
