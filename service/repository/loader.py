@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, ManifestError
 from textserve.service.config import ServerConfig
+from textserve.tokenization import TokenizationError
 
 if TYPE_CHECKING:
     from textserve.service.engine.handle import ModelHandle
@@ -92,16 +93,20 @@ def load_version_dir(
         raise LoadError(str(exc), "contract_mismatch") from None
     except Exception as exc:
         raise LoadError(f"{path}: {exc}", "session_error") from None
-    handle = ModelHandle(
-        manifest,
-        path,
-        session,
-        tokenizer,
-        batcher_config=config.batcher,
-        max_texts_per_request=config.max_texts_per_request,
-        inference_workers=config.runtime.inference_threads,
-        metrics=metrics,
-    )
+    try:
+        handle = ModelHandle(
+            manifest,
+            path,
+            session,
+            tokenizer,
+            batcher_config=config.batcher,
+            max_texts_per_request=config.max_texts_per_request,
+            inference_workers=config.runtime.inference_threads,
+            metrics=metrics,
+        )
+    except TokenizationError as exc:  # e.g. no [UNK]: the contract cannot encode every text
+        session.close()
+        raise LoadError(f"{path}/{TOKENIZER_FILE}: {exc}", "tokenizer_error") from None
     if config.runtime.warmup:
         try:
             handle.warmup()
