@@ -10,27 +10,20 @@ test split; the same again after onnxruntime's offline optimization; for --quant
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
+
+from textserve.cli import env_flag
 
 # No torch/onnx here: `textserve --help` imports this module; run() imports the exporter.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (runs/...)")
-    parser.add_argument(
-        "--repository",
-        type=Path,
-        default=Path(os.environ.get("TEXTSERVE_REPOSITORY", "models")),
-        help="the model repository (env TEXTSERVE_REPOSITORY, default: models)",
-    )
-    parser.add_argument(
-        "--name",
-        default=os.environ.get("TEXTSERVE_MODEL", "default"),
-        help="model name: the version goes to REPOSITORY/NAME/<N>/ (env TEXTSERVE_MODEL, "
-        "default: default)",
-    )
+    env_flag(parser, "TEXTSERVE_", "repository", "models", "the model repository (default: models)",
+             type=Path)  # fmt: skip
+    env_flag(parser, "TEXTSERVE_", "name", "default", "model name: the version goes to "
+             "REPOSITORY/NAME/<N>/ (default: default)", env="TEXTSERVE_MODEL")  # fmt: skip
     parser.add_argument(
         "--quantize", choices=("int8",), help="publish a dynamically quantized INT8 graph"
     )

@@ -85,16 +85,20 @@ class ConfigError(ValueError):
 
 
 def env_flag(
-    parser: argparse.ArgumentParser,
+    parser: Any,
     prefix: str,
     name: str,
     default: str | None,
     help: str,
+    *,
+    env: str | None = None,
     **kwargs: Any,
 ) -> None:
-    """--NAME, falling back to the environment variable PREFIX + NAME (upper case, - as _),
-    which --help names: flags read at the edge, for containers configured by environment."""
-    env = prefix + name.upper().replace("-", "_")
+    """--NAME on `parser` (or an argument group), falling back to the environment variable
+    PREFIX + NAME (upper case, - as _; or `env`), which --help names: flags read at the edge,
+    for containers and shells configured by environment. A string default goes through the
+    flag's `type` as argparse does for command-line values."""
+    env = env or prefix + name.upper().replace("-", "_")
     value = os.environ.get(env, default)
     parser.add_argument(f"--{name}", default=value, help=f"{help} [{env}]", **kwargs)
 

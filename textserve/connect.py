@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from textserve.cli import CliError, ConfigError
+from textserve.cli import CliError, ConfigError, env_flag
 
 logger = logging.getLogger(__name__)
 
@@ -154,12 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--tls", action="store_true", help="connect with TLS, trusting the system's CA roots"
     )
-    group.add_argument(
-        "--tls-ca",
-        default=os.environ.get("TEXTSERVE_TLS_CA"),
-        help="PEM CA bundle to trust for the server's certificate (implies --tls) "
-        "[TEXTSERVE_TLS_CA]",
-    )
+    env_flag(group, "TEXTSERVE_", "tls-ca", None,
+             "PEM CA bundle to trust for the server's certificate (implies --tls)")  # fmt: skip
     group.add_argument("--tls-cert", help="PEM client certificate, for mutual TLS")
     group.add_argument("--tls-key", help="PEM private key of --tls-cert")
     group.add_argument(

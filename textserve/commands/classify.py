@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from textserve import connect
-from textserve.cli import CliError
+from textserve.cli import CliError, env_flag
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to classify")
     parser.add_argument("--file", help="read texts from this file, one per line ('-': stdin)")
-    parser.add_argument(
-        "--server",
-        default=os.environ.get("TEXTSERVE_SERVER", "127.0.0.1:50051"),
-        help="server address HOST:PORT [TEXTSERVE_SERVER]",
-    )
+    env_flag(parser, "TEXTSERVE_", "server", "127.0.0.1:50051", "server address HOST:PORT")
     parser.add_argument("--model", help="model name (default: the server's default model)")
     parser.add_argument("--version", type=int, help="model version (default: the newest)")
     parser.add_argument("--all-scores", action="store_true", help="show every label's score")

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from textserve import connect
 from textserve.artifact import Manifest, ManifestError
+from textserve.cli import env_flag
 
 
 @dataclass(frozen=True)
@@ -132,21 +132,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "version", nargs="?", type=int, help="load/unload: the version (default: see above)"
     )
-    parser.add_argument(
-        "--server",
-        default=os.environ.get("TEXTSERVE_SERVER", "127.0.0.1:50051"),
-        help="load/unload/reload: the server's address HOST:PORT [TEXTSERVE_SERVER]",
-    )
+    env_flag(parser, "TEXTSERVE_", "server", "127.0.0.1:50051",
+             "load/unload/reload: the server's address HOST:PORT")  # fmt: skip
     parser.add_argument(
         "--timeout", type=float, default=120.0, help="load/unload/reload: seconds to wait"
     )
     connect.add_arguments(parser)
-    parser.add_argument(
-        "--repository",
-        type=Path,
-        default=Path(os.environ.get("TEXTSERVE_REPOSITORY", "models")),
-        help="the model repository (env TEXTSERVE_REPOSITORY, default: models)",
-    )
+    env_flag(parser, "TEXTSERVE_", "repository", "models", "the model repository (default: models)",
+             type=Path)  # fmt: skip
     parser.add_argument(
         "--verify", action="store_true", help="also check every file's sha256 against its manifest"
     )
