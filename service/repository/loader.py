@@ -92,16 +92,28 @@ def load_version_dir(
         raise LoadError(str(exc), "contract_mismatch") from None
     except Exception as exc:
         raise LoadError(f"{path}: {exc}", "session_error") from None
-    handle = ModelHandle(
-        manifest,
-        path,
-        session,
-        tokenizer,
-        batcher_config=config.batcher,
-        max_texts_per_request=config.max_texts_per_request,
-        inference_workers=config.runtime.inference_threads,
-        metrics=metrics,
-    )
+    from textserve.service.engine.handle import ModelCheckError
+    from textserve.tokenization import TokenizationError
+
+    try:
+        handle = ModelHandle(
+            manifest,
+            path,
+            session,
+            tokenizer,
+            batcher_config=config.batcher,
+            max_texts_per_request=config.max_texts_per_request,
+            inference_workers=config.runtime.inference_threads,
+            metrics=metrics,
+        )
+        # Even without warm-up: a few one-row runs, and a misfit served fails requests instead.
+        handle.check()
+    except TokenizationError as exc:  # e.g. no [UNK]: a text with no tokens could not run
+        session.close()
+        raise LoadError(f"{path}/{TOKENIZER_FILE}: {exc}", "tokenizer_error") from None
+    except ModelCheckError as exc:
+        session.close()
+        raise LoadError(f"{path}: {exc}", exc.reason) from None
     if config.runtime.warmup:
         try:
             handle.warmup()
