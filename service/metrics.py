@@ -100,7 +100,9 @@ LOAD_FAILURE_REASONS: tuple[str, ...] = (
     "invalid_manifest",  # manifest.json missing fields or unreadable
     "checksum_mismatch",  # model.onnx does not match the sha256 in the manifest
     "session_error",  # onnxruntime could not load model.onnx (missing, not ONNX, bad graph...)
-    "contract_mismatch",  # model.onnx inputs/outputs have the wrong names, types or ranks
+    # model.onnx inputs/outputs have the wrong names, types or ranks, or the model does not fit
+    # its tokenizer and manifest (vocabulary, max_length, labels, pad id: ModelHandle.check)
+    "contract_mismatch",
     "tokenizer_error",  # tokenizer.json missing or not a loadable tokenizers file
     "warmup_error",  # the warm-up inference failed (or gave wrong-shaped or non-finite logits)
     "other",

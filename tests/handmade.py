@@ -28,11 +28,32 @@ def make_tokenizer(words: Sequence[str] = WORDS) -> Tokenizer:
     return tokenizer
 
 
-def make_onnx(vocab_size: int, num_labels: int, seed: int = 0) -> onnx.ModelProto:
-    """logits = mean over real tokens of W[input_ids]  (B, T) -> (B, num_labels)."""
-    weights = np.random.default_rng(seed).normal(size=(vocab_size, num_labels)).astype(np.float32)
-    nodes = [
-        helper.make_node("Gather", ["W", "input_ids"], ["emb"], axis=0),  # (B, T, L)
+def make_onnx(
+    vocab_size: int, num_labels: int, seed: int = 0, *, max_positions: int | None = None
+) -> onnx.ModelProto:
+    """logits = mean over real tokens of W[input_ids]  (B, T) -> (B, num_labels).
+
+    `max_positions`: add a position table of that many rows (zeros: the logits do not change),
+    so that, as with a learned position embedding, the graph refuses longer inputs."""
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(size=(vocab_size, num_labels)).astype(np.float32)
+    tokens = "emb" if max_positions is None else "tokens"
+    nodes = [helper.make_node("Gather", ["W", "input_ids"], [tokens], axis=0)]  # (B, T, L)
+    initializers: list[onnx.TensorProto] = []
+    if max_positions is not None:
+        nodes += [
+            helper.make_node("Shape", ["input_ids"], ["shape"]),
+            helper.make_node("Gather", ["shape", "one"], ["length"], axis=0),  # T
+            helper.make_node("Range", ["zero", "length", "one"], ["positions"]),  # (T,)
+            helper.make_node("Gather", ["P", "positions"], ["pos"], axis=0),  # (T, L)
+            helper.make_node("Add", ["tokens", "pos"], ["emb"]),
+        ]
+        initializers += [
+            numpy_helper.from_array(np.zeros((max_positions, num_labels), np.float32), "P"),
+            numpy_helper.from_array(np.array(0, dtype=np.int64), "zero"),
+            numpy_helper.from_array(np.array(1, dtype=np.int64), "one"),
+        ]
+    nodes += [
         helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
         helper.make_node("Unsqueeze", ["maskf", "axis2"], ["mask3"]),  # (B, T, 1)
         helper.make_node("Mul", ["emb", "mask3"], ["masked"]),
@@ -56,6 +77,7 @@ def make_onnx(vocab_size: int, num_labels: int, seed: int = 0) -> onnx.ModelProt
             numpy_helper.from_array(weights, "W"),
             numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
             numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2"),
+            *initializers,
         ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -72,13 +94,22 @@ def make_version(
     labels: Sequence[str] = ("negative", "positive"),
     max_length: int = 8,
     seed: int = 0,
+    words: Sequence[str] = WORDS,
+    embedding_rows: int | None = None,
+    max_positions: int | None = None,
 ) -> Path:
-    """Write repository/name/version/ with model.onnx, tokenizer.json and manifest.json."""
+    """Write repository/name/version/ with model.onnx, tokenizer.json and manifest.json.
+
+    `words`: the tokenizer's vocabulary (after [PAD] and [UNK]); `embedding_rows`: the ids the
+    model takes (default: the tokenizer's, fewer makes a model that does not fit its tokenizer);
+    `max_positions`: the longest input the graph takes (default: any)."""
     path = repository / name / str(version)
     path.mkdir(parents=True)
-    tokenizer = make_tokenizer()
+    tokenizer = make_tokenizer(words)
     tokenizer.save(str(path / TOKENIZER_FILE))
-    onnx.save(make_onnx(tokenizer.get_vocab_size(), len(labels), seed), str(path / MODEL_FILE))
+    rows = tokenizer.get_vocab_size() if embedding_rows is None else embedding_rows
+    model = make_onnx(rows, len(labels), seed, max_positions=max_positions)
+    onnx.save(model, str(path / MODEL_FILE))
     Manifest(
         name=name,
         version=version,

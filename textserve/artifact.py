@@ -20,6 +20,8 @@ FORMAT_VERSION = 1
 PRECISIONS = ("fp32", "fp16", "int8")
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "logits"
+# The largest version number: versions are int64 in the protocols (textserve.v1, metrics labels).
+MAX_VERSION = 2**63 - 1
 
 
 class ManifestError(ValueError):
@@ -99,6 +101,22 @@ class Manifest:
                 raise ManifestError(
                     f"{fname} sha256 {actual[:12]}… does not match the manifest's {expected[:12]}…"
                 )
+
+
+def canonical_version(text: str) -> int | None:
+    """The version number `text` writes, if it writes one the one canonical way: ASCII digits,
+    no sign, space or leading zero, within 1..MAX_VERSION; else None. `str.isdigit()` is not
+    enough: it is true of "²" and other Unicode digits that int() refuses or reads differently.
+
+    >>> [canonical_version(t) for t in ("1", "42", "01", "0", "²", "+1", " 1", "", "1" * 20)]
+    [1, 42, None, None, None, None, None, None, None]
+    """
+    if not text or len(text) > len(str(MAX_VERSION)) or text[0] == "0":
+        return None
+    if not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= MAX_VERSION else None
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -55,6 +55,15 @@ MAX_CHARS_PER_TOKEN = 32
 WARMUP_TEXT = "The quick brown fox jumps over the lazy dog. A gripping, beautifully acted film!"
 
 
+class ModelCheckError(ValueError):
+    """The model does not fit its tokenizer or manifest; `reason` is a load-failure label
+    (textserve.service.metrics.LOAD_FAILURE_REASONS)."""
+
+    def __init__(self, message: str, reason: str = "contract_mismatch") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class _Text(NamedTuple):
     """One text in the batcher's queue (the payload ModelHandle gives it)."""
 
@@ -134,6 +143,55 @@ class ModelHandle:
         )
 
     # -- lifecycle (ModelRepository calls these) -----------------------------------------------
+
+    def check(self) -> None:
+        """Blocking: raise ModelCheckError unless model.onnx fits its tokenizer and manifest.
+
+        Each check is one tiny run (at load, before any request can reach the version): every
+        id the tokenizer can give must be one the model takes, max_length tokens must be a shape
+        the graph accepts, the logits must be one per label, and the pad id a token of the
+        vocabulary. A version that fails is refused; the one being served goes on."""
+        tokenizer = self._tokenization.tokenizer
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        pad_id = self._tokenization.pad_token_id
+        if tokenizer.id_to_token(pad_id) is None:
+            raise ModelCheckError(
+                f"the manifest's pad_token_id {pad_id} is not in the tokenizer's vocabulary "
+                f"({len(vocab)} tokens)"
+            )
+        # Vocabulary vs embedding: the server has no `onnx` package to read the embedding's
+        # size from the graph, so it is checked by behaviour: the tokenizer's largest id must
+        # run and give finite logits. On CPU onnxruntime's Gather refuses an id beyond the
+        # table; a provider that reads out of bounds instead may pass this check, and then the
+        # batch a text with such an id is in still answers its other texts (see _run_texts).
+        largest = max(vocab.values())
+        self._probe(
+            [largest],
+            f"the tokenizer's ids go up to {largest} ({len(vocab)} tokens) but the model "
+            f"cannot take id {largest}: is its embedding smaller than the vocabulary?",
+        )
+        self._probe(
+            [self._tokenization.unk_id] * self.max_length,
+            f"the manifest's max_length is {self.max_length} but the model cannot take "
+            f"{self.max_length} tokens",
+        )
+
+    def _probe(self, ids: list[int], failure: str) -> None:
+        """Run one row of `ids`; ModelCheckError (`failure`, and why) unless it gives one finite
+        logit per label."""
+        row = np.asarray([ids], dtype=np.int64)
+        try:
+            logits = self._session.run(row, np.ones_like(row))
+        except Exception as exc:
+            raise ModelCheckError(f"{failure} (onnxruntime: {exc})") from None
+        if logits.shape != (1, len(self.labels)):
+            raise ModelCheckError(
+                f"model.onnx gives {logits.shape[-1] if logits.ndim else 0} logits but the "
+                "manifest has "
+                f"{len(self.labels)} labels"
+            )
+        if not np.isfinite(logits).all():
+            raise ModelCheckError(f"{failure} (its logits are not finite: {logits.tolist()})")
 
     def warmup(self) -> None:
         """Blocking: run representative shapes through the session (before SERVING)."""
@@ -311,23 +369,80 @@ class ModelHandle:
         # Padded once, sorted by length; each sub-batch is a slice as wide as its longest text.
         input_ids, attention_mask = self._tokenization.pad([encoded[row] for row in keep])
         logits = np.empty((len(keep), len(self.labels)), np.float32)
+        failed: dict[int, Exception] = {}  # index in `keep` -> why it failed, run alone
         for start, end in self._plan_runs(lengths):
-            run_started = time.perf_counter()
-            width = lengths[end - 1]
+            self._run_range(input_ids, attention_mask, lengths, start, end, logits, runs, failed)
+        if failed:
+            logits[list(failed)] = 0.0  # rows never written: keep softmax off garbage
+            errors = errors or {}
+            errors.update(self._blame(payloads, keep, failed))
+        out["probabilities"][keep] = softmax(logits)
+        return BatchOutput(out, runs, errors)
+
+    def _run_range(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        lengths: list[int],
+        start: int,
+        end: int,
+        logits: np.ndarray,
+        runs: list[RunStats],
+        failed: dict[int, Exception],
+    ) -> None:
+        """Run rows start:end into `logits`; if the run fails, run each half again (down to
+        single rows, recorded in `failed`), so that a text the model cannot take (an id its
+        embedding lacks, a shape its graph refuses) fails alone, not the texts batched with it:
+        2·log2(n) more runs for one bad text among n."""
+        run_started = time.perf_counter()
+        width = lengths[end - 1]
+        try:
             logits[start:end] = self._session.run(
                 np.ascontiguousarray(input_ids[start:end, :width]),
                 np.ascontiguousarray(attention_mask[start:end, :width]),
             )
-            runs.append(
-                RunStats(
-                    size=end - start,
-                    padded_tokens=(end - start) * width,
-                    real_tokens=sum(lengths[start:end]),
-                    seconds=time.perf_counter() - run_started,
-                )
+        except Exception as exc:
+            if end - start == 1:
+                failed[start] = exc
+                return
+            middle = (start + end) // 2
+            for lo, hi in ((start, middle), (middle, end)):
+                self._run_range(input_ids, attention_mask, lengths, lo, hi, logits, runs, failed)
+            return
+        runs.append(
+            RunStats(
+                size=end - start,
+                padded_tokens=(end - start) * width,
+                real_tokens=sum(lengths[start:end]),
+                seconds=time.perf_counter() - run_started,
             )
-        out["probabilities"][keep] = softmax(logits)
-        return BatchOutput(out, runs, errors)
+        )
+
+    def _blame(
+        self, payloads: list[_Text], keep: list[int], failed: dict[int, Exception]
+    ) -> dict[int, Exception]:
+        """The errors of the rows that failed even alone: the texts' (INVALID_ARGUMENT) while
+        the model runs others; the model's (raised: the batch fails, INTERNAL) when no text ran
+        and it cannot even run the one-[UNK] row that passed at load (a device fault)."""
+        if len(failed) == len(keep):
+            unk = np.asarray([[self._tokenization.unk_id]], dtype=np.int64)
+            try:
+                self._session.run(unk, np.ones_like(unk))
+            except Exception:
+                raise next(iter(failed.values())) from None
+        errors: dict[int, Exception] = {}
+        for index, exc in failed.items():
+            payload = payloads[keep[index]]
+            logger.warning(
+                "%s:%d: texts[%d] of a request fails alone; refusing it: %s",
+                self.name, self.version, payload.position, exc,
+            )  # fmt: skip
+            errors[keep[index]] = ValidationError(
+                f"texts[{payload.position}]: model {self.name!r} version {self.version} cannot "
+                "take this text (the model fails on it alone; e.g. it holds a token the model "
+                "does not know)"
+            )
+        return errors
 
     def _plan_runs(self, lengths: list[int]) -> list[tuple[int, int]]:
         """(start, end) of each sub-batch of `lengths` (ascending): split_runs, then any

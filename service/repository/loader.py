@@ -18,7 +18,7 @@ from textserve.service.config import ServerConfig
 from textserve.tokenization import TokenizationError
 
 if TYPE_CHECKING:
-    from textserve.service.engine.handle import ModelHandle
+    from textserve.service.engine.handle import ModelCheckError, ModelHandle
     from textserve.service.metrics import Metrics
 
 
@@ -104,9 +104,14 @@ def load_version_dir(
             inference_workers=config.runtime.inference_threads,
             metrics=metrics,
         )
-    except TokenizationError as exc:  # e.g. no [UNK]: the contract cannot encode every text
+        # Even without warm-up: a few one-row runs, and a misfit served fails requests instead.
+        handle.check()
+    except TokenizationError as exc:  # e.g. no [UNK]: a text with no tokens could not run
         session.close()
         raise LoadError(f"{path}/{TOKENIZER_FILE}: {exc}", "tokenizer_error") from None
+    except ModelCheckError as exc:
+        session.close()
+        raise LoadError(f"{path}: {exc}", exc.reason) from None
     if config.runtime.warmup:
         try:
             handle.warmup()

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from textserve.service.errors import ValidationError
+from textserve.service.errors import ValidationError, shorten
 from textserve.service.repository.core import ModelRecord, ModelRepository, ReloadEvent
-from textserve.service.servicers.status import grpc_errors
+from textserve.service.servicers.status import grpc_errors, model_name
 from textserve.v1 import admin_pb2 as pb
 from textserve.v1 import admin_pb2_grpc as pb_grpc
 from textserve.v1 import classifier_pb2 as classifier_pb
@@ -64,6 +64,7 @@ def version_events(events: Iterable[ReloadEvent]) -> list[pb.VersionEvent]:
 def _target(name: str, version: int) -> tuple[str, int | None]:
     if not name:
         raise ValidationError("name the model (the request's `name` is empty)")
+    model_name(name)  # NOT_FOUND for a name too long to be a model's, before it is logged
     if version < 0:
         raise ValidationError(f"version must be 0 (the policy's choice) or positive, got {version}")
     return name, version or None
@@ -76,7 +77,9 @@ class AdminServicer(pb_grpc.AdminServicer):
     @grpc_errors
     async def LoadModel(self, request: pb.LoadModelRequest, context: Any) -> pb.LoadModelResponse:
         name, version = _target(request.name, request.version)
-        logger.info("admin LoadModel %s version %s from %s", name, version or "*", context.peer())
+        logger.info(
+            "admin LoadModel %s version %s from %s", shorten(name), version or "*", context.peer()
+        )
         record, events = await self._repository.load_model(name, version)
         return pb.LoadModelResponse(
             model=model_summary(record, self._repository.default_model),
@@ -88,7 +91,9 @@ class AdminServicer(pb_grpc.AdminServicer):
         self, request: pb.UnloadModelRequest, context: Any
     ) -> pb.UnloadModelResponse:
         name, version = _target(request.name, request.version)
-        logger.info("admin UnloadModel %s version %s from %s", name, version or "*", context.peer())
+        logger.info(
+            "admin UnloadModel %s version %s from %s", shorten(name), version or "*", context.peer()
+        )
         record, events = await self._repository.unload_model(name, version)
         return pb.UnloadModelResponse(
             model=model_summary(record, self._repository.default_model),

@@ -22,6 +22,7 @@ from textserve.service.servicers.status import (
     grpc_errors,
     grpc_stream_errors,
     log_unexpected,
+    model_name,
     observed,
     public_message,
 )
@@ -93,7 +94,7 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
         self, request: pb.ClassifyRequest, deadline: float | None, method: str
     ) -> pb.ClassifyResponse:
         with observed(self._metrics, method, deadline) as seen:
-            handle = self._repository.get(request.model or None, request.version or None)
+            handle = self._repository.get(model_name(request.model), request.version or None)
             seen.model = handle.name
             truncate = request.truncate if request.HasField("truncate") else True
             result = await handle.classify(
@@ -167,7 +168,7 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
 
     @grpc_errors
     async def GetModel(self, request: pb.GetModelRequest, context: Any) -> pb.ModelInfo:
-        handle = self._repository.get(request.name or None, request.version or None)
+        handle = self._repository.get(model_name(request.name), request.version or None)
         record = self._repository.models[handle.name]
         stats = handle.stats()
         config = handle.batcher.config

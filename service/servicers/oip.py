@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from textserve.artifact import MAX_VERSION, canonical_version
 from textserve.oip import grpc_service_pb2 as pb
 from textserve.oip import grpc_service_pb2_grpc as pb_grpc
-from textserve.service.errors import ModelNotFoundError, NotReadyError, ValidationError
+from textserve.service.errors import ModelNotFoundError, NotReadyError, ValidationError, shorten
 from textserve.service.servicers.oip_codec import INPUT_NAME, decode_request, encode_response
 from textserve.service.servicers.oip_describe import model_config, model_metadata, model_statistics
-from textserve.service.servicers.status import deadline_of, grpc_errors, observed
+from textserve.service.servicers.status import deadline_of, grpc_errors, model_name, observed
 
 if TYPE_CHECKING:
     from textserve.service.engine.handle import ModelHandle
@@ -38,14 +39,18 @@ def _server_version() -> str:
 
 
 def parse_version(model: str, version: str) -> int | None:
-    """An OIP version string as the repository takes it: "" -> None (the newest ready one)."""
+    """An OIP version string as the repository takes it: "" -> None (the newest ready one);
+    else a canonical decimal in 1..2**63-1, as a repository folder name must be (NOT_FOUND
+    otherwise: no version can have that name)."""
     if not version:
         return None
-    if not version.isdigit() or int(version) < 1:
+    number = canonical_version(version)
+    if number is None:
         raise ModelNotFoundError(
-            f"model {model!r} has no version {version!r}: versions are positive integers"
+            f"model {shorten(model)} has no version {shorten(version)}: versions are decimal "
+            f"integers from 1 to {MAX_VERSION}, written without sign or leading zeros"
         )
-    return int(version)
+    return number
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -56,7 +61,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._version = _server_version()
 
     def _handle(self, name: str, version: str) -> ModelHandle:
-        return self._ctx.repository.get(name or None, parse_version(name, version))
+        return self._ctx.repository.get(model_name(name), parse_version(name, version))
 
     def _ready_versions(self, name: str) -> list[int]:
         record = self._ctx.repository.models.get(name)

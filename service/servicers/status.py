@@ -33,6 +33,7 @@ from textserve.service.errors import (
     OverloadedError,
     ServiceError,
     ValidationError,
+    shorten,
 )
 
 if TYPE_CHECKING:
@@ -116,6 +117,20 @@ def grpc_stream_errors(
             await context.abort(grpc_code(exc), public_message(exc))
 
     return wrapper
+
+
+# Model names are folder names of the repository, which no file system lets be longer than 255
+# (bytes; so characters too): a longer name in a request cannot name a model. It is refused here,
+# before the repository quotes it whole in its NOT_FOUND message.
+MAX_NAME_CHARS = 255
+
+
+def model_name(name: str) -> str | None:
+    """A request's model name for ModelRepository.get ("" -> None: the default model);
+    ModelNotFoundError, quoting it shortened, for a name too long to be a model's."""
+    if len(name) > MAX_NAME_CHARS:
+        raise ModelNotFoundError(f"no model named {shorten(name)}")
+    return name or None
 
 
 def deadline_of(context: Any) -> float | None:

@@ -25,11 +25,13 @@ import grpc
 import numpy as np
 import pytest
 
+from tests.handmade import WORDS, make_tokenizer, make_version
 from tests.serving import ROOT, RunningServer, running_server, serve_subprocess, wait_for_health
 from textserve.oip import grpc_service_pb2 as ipb
 from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
 from textserve.service.config import BatcherConfig
 from textserve.service.servicers.oip_codec import pack_bytes
+from textserve.tokenization import Tokenization
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
@@ -80,11 +82,56 @@ def outcome(future: Any) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.OK, ""
 
 
+def test_a_text_the_model_cannot_take_fails_only_its_request(tmp_path: Path) -> None:
+    make_version(tmp_path, "m", 1)
+    config = BatcherConfig(max_batch_size=8, max_queue_delay=0.001)
+    with running_server(tmp_path, batcher=config) as srv, srv.channel() as channel:
+        handle = srv.server.repository.get()
+        stub = pb_grpc.ClassifierStub(channel)
+        oip = ipb_grpc.GRPCInferenceServiceStub(channel)
+        # A tokenizer with one word more than the model's embedding has rows (the load-time
+        # check refuses such a version; this one slipped past it): onnxruntime fails on "zebra".
+        real = handle._tokenization
+        handle._tokenization = Tokenization(make_tokenizer([*WORDS, "zebra"]), handle.max_length)
+        srv.call(handle.batcher.pause)
+        try:
+            # All in the queue before the batcher runs: one batch of 5 texts.
+            good = stub.Classify.future(pb.ClassifyRequest(texts=["good film", "bad"]), timeout=60)
+            poll(lambda: handle.stats().queue_depth == 2, "2 queued texts")
+            bad = oip.ModelInfer.future(infer_request("m", ["a film", "a zebra film"]), timeout=60)
+            poll(lambda: handle.stats().queue_depth == 4, "4 queued texts")
+            other = stub.Classify.future(pb.ClassifyRequest(texts=["the plot"]), timeout=60)
+            poll(lambda: handle.stats().queue_depth == 5, "5 queued texts")
+            srv.call(handle.batcher.resume)
+            results = [outcome(f) for f in (good, bad, other)]
+            alone = outcome(stub.Classify.future(pb.ClassifyRequest(texts=["zebra"]), timeout=60))
+        finally:
+            srv.call(handle.batcher.resume)
+            handle._tokenization = real
+        assert [code for code, _ in results] == [
+            grpc.StatusCode.OK,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.OK,
+        ]
+        assert len(good.result().results) == 2 and len(other.result().results) == 1
+        assert "texts[1]: model 'm' version 1 cannot take this text" in results[1][1]
+        # A batch of one unusable text is the text's fault too: the model runs others.
+        assert alone[0] == grpc.StatusCode.INVALID_ARGUMENT and "texts[0]" in alone[1]
+    failures = srv.metrics.registry.get_sample_value
+    labels = {"method": "ModelInfer", "model": "m", "reason": "invalid_argument"}
+    assert failures("textserve_request_failures_total", labels) == 1
+    labels = {"method": "Classify", "model": "m", "reason": "internal"}
+    assert not failures("textserve_request_failures_total", labels)
+
+
 def test_an_inference_failure_fails_only_its_batch(tiny_repository: Path) -> None:
     config = BatcherConfig(max_batch_size=4, max_queue_delay=0.001)
     with running_server(tiny_repository, batcher=config) as srv, srv.channel() as channel:
         handle = srv.server.repository.get()
-        session = FailingSession(handle._session, fail={1})
+        # A fault that lasts through the first batch: its run, the 6 runs that look for the
+        # texts to blame (halves, then single texts), and the one-[UNK] probe that finds the
+        # model itself failing. A fault that goes away meanwhile fails no request.
+        session = FailingSession(handle._session, fail=set(range(1, 9)))
         stub = pb_grpc.ClassifierStub(channel)
         oip = ipb_grpc.GRPCInferenceServiceStub(channel)
         srv.call(handle.batcher.pause)
@@ -110,7 +157,7 @@ def test_an_inference_failure_fails_only_its_batch(tiny_repository: Path) -> Non
         ]
         for _, message in results[:2]:
             assert "inference failed" in message and "secret" not in message  # no internals
-        assert session.runs == 2
+        assert session.runs == 9
         after = stub.Classify(pb.ClassifyRequest(texts=[TEXT, "a dull plot"]), timeout=60)
         assert len(after.results) == 2  # the server goes on
     failures = srv.metrics.registry.get_sample_value

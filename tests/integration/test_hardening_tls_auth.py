@@ -272,6 +272,21 @@ def test_unusable_security_settings_are_startup_errors(
     assert message.format(**names) in capsys.readouterr().err
 
 
+def test_a_tls_key_that_is_not_the_certificates_is_a_startup_error(
+    tiny_repository: Path, pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["serve", "--repository", str(tiny_repository), "--listen", "127.0.0.1:0",
+            "--metrics-port", "off", "--tls-cert", str(pki.server_cert),
+            "--tls-key", str(pki.client_key)]  # fmt: skip
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"--tls-key {pki.client_key}: the private key does not match the certificate "
+        f"(--tls-cert {pki.server_cert})"
+    ) in err
+    assert "bind" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def _can_bind(host: str) -> bool:
     with socket.socket() as sock:
         try:

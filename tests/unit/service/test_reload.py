@@ -20,8 +20,9 @@ import onnx
 import pytest
 from onnx import TensorProto
 from prometheus_client import CollectorRegistry
+from tokenizers import Tokenizer, models
 
-from tests.handmade import make_version
+from tests.handmade import WORDS, make_onnx, make_tokenizer, make_version
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, sha256_file
 from textserve.service.config import RuntimeConfig, ServerConfig
 from textserve.service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
@@ -165,6 +166,30 @@ def too_many_labels(path: Path) -> None:
     (path / "manifest.json").write_text(json.dumps(manifest))
 
 
+def bigger_tokenizer(path: Path) -> None:
+    # Two words more than the model's embedding has rows: their ids would fail any batch.
+    make_tokenizer([*WORDS, "zebra", "quokka"]).save(str(path / TOKENIZER_FILE))
+    reseal(path)
+
+
+def pad_outside_vocabulary(path: Path) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["pad_token_id"] = 999
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def no_unk(path: Path) -> None:
+    vocab = {"[PAD]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
+    Tokenizer(models.WordLevel(vocab)).save(str(path / TOKENIZER_FILE))
+    reseal(path)
+
+
+def short_positions(path: Path) -> None:
+    # The graph takes 4 positions; the manifest promises max_length 8.
+    onnx.save(make_onnx(len(WORDS) + 2, 2, max_positions=4), str(path / MODEL_FILE))
+    reseal(path)
+
+
 def wrong_manifest(path: Path) -> None:
     (path / "manifest.json").write_text('{"name": "m"}')
 
@@ -178,7 +203,11 @@ def wrong_manifest(path: Path) -> None:
         (int32_input, "contract_mismatch", r"input_ids is tensor\(int32\)"),
         (drop_tokenizer, "tokenizer_error", "tokenizer.json is missing"),
         (bad_tokenizer, "tokenizer_error", "not a tokenizers file"),
-        (too_many_labels, "warmup_error", "gives 2 logits but the manifest has 3 labels"),
+        (too_many_labels, "contract_mismatch", "gives 2 logits but the manifest has 3 labels"),
+        (bigger_tokenizer, "contract_mismatch", "ids go up to 13 .* cannot take id 13"),
+        (pad_outside_vocabulary, "contract_mismatch", "pad_token_id 999 is not in the tok"),
+        (no_unk, "tokenizer_error", r"tokenizer.json: the tokenizer has no \[UNK\] token"),
+        (short_positions, "contract_mismatch", "max_length is 8 but the model cannot take 8"),
         (wrong_manifest, "invalid_manifest", "missing field"),
     ],
 )
@@ -202,6 +231,24 @@ def test_a_broken_version_is_refused_and_the_serving_one_keeps_serving(
     metrics = run(tmp_path, body)
     assert failures(metrics, reason) == 1
     assert info(metrics) == ["1"]
+
+
+def test_a_model_that_does_not_fit_its_tokenizer_is_refused_without_warm_up_too(
+    tmp_path: Path,
+) -> None:
+    make_version(tmp_path, "m", 1)
+    make_version(tmp_path, "m", 2, words=[*WORDS, "zebra"], embedding_rows=len(WORDS) + 2)
+
+    async def body(repository: ModelRepository) -> None:
+        entry = repository.models["m"].versions[2]
+        assert entry.state is State.FAILED and "cannot take id 12" in entry.reason
+        assert repository.get().version == 1
+        result = await repository.get().classify(["a zebra film"])  # [UNK] for zebra in v1
+        assert result.probabilities.shape == (1, 2)
+
+    runtime = RuntimeConfig(device="cpu", intra_op_threads=1, warmup=False)
+    metrics = run(tmp_path, body, runtime=runtime)
+    assert failures(metrics, "contract_mismatch") == 1
 
 
 def test_a_refused_version_is_tried_again_once_its_files_change(tmp_path: Path) -> None:

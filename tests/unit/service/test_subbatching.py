@@ -180,3 +180,47 @@ def test_batcher_fails_the_rows_a_batch_output_names_and_counts_its_runs() -> No
         await batcher.close()
 
     asyncio.run(main())
+
+
+class FailsOn:
+    """A session that fails any run holding token id `bad` (as onnxruntime fails on an id beyond
+    the embedding), or every run once `broken`; counts its runs."""
+
+    def __init__(self, real: Any, bad: int) -> None:
+        self._real, self.bad, self.broken, self.runs = real, bad, False, 0
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        self.runs += 1
+        if self.broken or (input_ids == self.bad).any():
+            raise RuntimeError("Gather: indices element out of data bounds")
+        return np.asarray(self._real.run(input_ids, attention_mask))
+
+
+def test_a_failing_run_is_bisected_so_that_only_the_unusable_texts_fail(tmp_path: Path) -> None:
+    handle, _ = load(tmp_path)
+    session = FailsOn(handle._session, bad=handle._tokenization.encode(["plot"])[0][0])
+    handle._session = session  # type: ignore[assignment]
+    texts = ["good film", "a bad plot", "great", "awful film", "the film", "a plot", "bad", "is"]
+    requests = [object() for _ in texts]
+    payloads = [_Text(t, True, 0, r) for t, r in zip(texts, requests, strict=True)]
+    output = handle._run_texts(payloads)
+    assert sorted(output.errors or {}) == [1, 5]  # the texts holding "plot", nothing else
+    for row in (1, 5):
+        error = (output.errors or {})[row]
+        assert isinstance(error, ValidationError) and "cannot take this text" in str(error)
+    alone = [handle._run_texts([p]).outputs["probabilities"][0] for p in payloads]
+    for row in (0, 2, 3, 4, 6, 7):  # answered as if run without the bad ones
+        np.testing.assert_allclose(output.outputs["probabilities"][row], alone[row], atol=1e-6)
+    assert sum(run.size for run in output.runs or ()) == 6
+
+
+def test_a_model_that_fails_on_every_text_fails_the_batch(tmp_path: Path) -> None:
+    handle, _ = load(tmp_path)
+    session = FailsOn(handle._session, bad=-1)
+    handle._session = session  # type: ignore[assignment]
+    session.broken = True  # a device fault: not the texts'; the batch fails (INTERNAL)
+    payloads = [_Text(t, True, 0, object()) for t in ("good", "bad film", "a plot")]
+    with pytest.raises(RuntimeError, match="out of data bounds"):
+        handle._run_texts(payloads)
+    session.broken = False
+    assert handle._run_texts(payloads).errors is None
