@@ -18,7 +18,7 @@ from textserve.service.config import ServerConfig
 from textserve.tokenization import TokenizationError
 
 if TYPE_CHECKING:
-    from textserve.service.engine.handle import ModelCheckError, ModelHandle
+    from textserve.service.engine.handle import ModelHandle
     from textserve.service.metrics import Metrics
 
 
@@ -59,7 +59,7 @@ def load_version_dir(
     # Imported here: onnxruntime and tokenizers load only when a model does.
     from tokenizers import Tokenizer
 
-    from textserve.service.engine.handle import ModelHandle
+    from textserve.service.engine.handle import ModelCheckError, ModelHandle
     from textserve.service.engine.runtime import ContractError, DeviceUnavailableError, Session
 
     try:
