@@ -397,8 +397,9 @@ class Metrics:
 
 class ModelMetrics:
     """One model's engine series: the batcher's observer (on_batch, on_queue_waits,
-    on_queue_depth, on_inflight) and tokenization (on_tokenize). The labelled children are looked up once:
-    labels() costs more than an observation. Production and tests write through this."""
+    on_queue_depth, on_inflight) and tokenization (on_tokenize). The labelled children are
+    looked up once: labels() costs more than an observation. Production and tests write
+    through this."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self.model = model

@@ -125,9 +125,7 @@ def _from_env(env: str, convert: Any, choices: Any) -> Any:
             kind = {int: "an integer", float: "a number"}.get(convert)
             raise CliError(f"{env}={str(value)!r}: {f'expected {kind}' if kind else exc}") from None
         if choices is not None and result not in choices:
-            raise CliError(
-                f"{env}={str(value)!r}: expected one of {', '.join(map(str, choices))}"
-            )
+            raise CliError(f"{env}={str(value)!r}: expected one of {', '.join(map(str, choices))}")
         return result
 
     typed.__name__ = getattr(convert, "__name__", "str")  # argparse names it in its errors
