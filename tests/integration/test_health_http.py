@@ -58,9 +58,7 @@ def test_readyz_is_503_while_warming_then_200_with_grpc_health(
         await load_all(self)
 
     monkeypatch.setattr(ModelRepository, "load_all", slow_load_all)
-    with running_server(
-        repository, metrics_port=0, metrics_host="127.0.0.1", wait=False
-    ) as srv:
+    with running_server(repository, metrics_port=0, metrics_host="127.0.0.1", wait=False) as srv:
         wait_for(loading.is_set, "the model load to start")
         assert srv.server.metrics_port
         assert http(srv, "/readyz") == (503, "warming")
@@ -89,8 +87,9 @@ def test_readyz_is_503_while_draining_and_healthz_stays_200(repository: Path) ->
         with Client(srv.address, timeout=30) as client, ThreadPoolExecutor(1) as pool:
             pending = pool.submit(client.classify, ["a request in flight during the drain"])
             wait_for(
-                lambda: srv.metrics.registry.get_sample_value("textserve_inflight_texts", inflight)
-                == 1,
+                lambda: (
+                    srv.metrics.registry.get_sample_value("textserve_inflight_texts", inflight) == 1
+                ),
                 "the request to be in flight",
             )
             stopping = srv.run_in_background(srv.server.stop(grace=30))

