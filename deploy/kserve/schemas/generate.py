@@ -48,9 +48,9 @@ def load(models: Path, cls: str) -> tuple[dict[str, str], dict[str, str], set[st
     tree = ast.parse(source)
     found: dict[str, dict[str, str]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            if node.targets[0].id in ("openapi_types", "attribute_map"):
-                found[node.targets[0].id] = ast.literal_eval(node.value)
+        target = node.targets[0] if isinstance(node, ast.Assign) else None
+        if isinstance(target, ast.Name) and target.id in ("openapi_types", "attribute_map"):
+            found[target.id] = ast.literal_eval(node.value)  # type: ignore[attr-defined]
     required = set(re.findall(r"Invalid value for `(\w+)`, must not be `None`", source))
     return found["openapi_types"], found["attribute_map"], required
 
