@@ -21,18 +21,20 @@ model names the server loaded: a request naming an unknown model is counted unde
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Sequence
+from socketserver import ThreadingMixIn
 from types import TracebackType
 from typing import Any
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -42,12 +44,17 @@ __all__ = [
     "BATCH_SIZE_BUCKETS",
     "BATCH_TOKEN_BUCKETS",
     "CODES",
+    "DRAINING",
     "FAILURE_REASONS",
     "LATENCY_BUCKETS",
     "LOAD_FAILURE_REASONS",
     "METHODS",
+    "NO_MODEL",
     "PADDING_RATIO_BUCKETS",
+    "READY_STATES",
+    "SERVING",
     "UNKNOWN_MODEL",
+    "WARMING",
     "Metrics",
     "MetricsServer",
     "padding_ratio",
@@ -258,6 +265,12 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.inflight_texts = Gauge(
+            "textserve_inflight_texts",
+            "Texts accepted and not yet answered (queued or running): the autoscaling signal",
+            ["model"],
+            registry=r,
+        )
         self.requests = Counter(
             "textserve_requests",
             "Requests received, by RPC (a stream counts each message)",
@@ -314,6 +327,7 @@ class Metrics:
         ):
             histogram.labels(model)
         self.queue_depth.labels(model).set(0)
+        self.inflight_texts.labels(model).set(0)
         for reason in LOAD_FAILURE_REASONS:
             self.model_load_failures.labels(model, reason)
 
@@ -385,13 +399,15 @@ class Metrics:
 
 class ModelMetrics:
     """One model's engine series: the batcher's observer (on_batch, on_queue_waits,
-    on_queue_depth) and tokenization (on_tokenize). The labelled children are looked up once:
-    labels() costs more than an observation. Production and tests write through this."""
+    on_queue_depth, on_inflight) and tokenization (on_tokenize). The labelled children are
+    looked up once: labels() costs more than an observation. Production and tests write
+    through this."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self.model = model
         self._queue = metrics.queue_duration.labels(model)
         self._depth = metrics.queue_depth.labels(model)
+        self._inflight = metrics.inflight_texts.labels(model)
         self._size = metrics.batch_size.labels(model)
         self._tokens = metrics.batch_tokens.labels(model)
         self._padding = metrics.batch_padding_ratio.labels(model)
@@ -416,18 +432,69 @@ class ModelMetrics:
         """Texts waiting in the model's queue now."""
         self._depth.set(depth)
 
+    def on_inflight(self, texts: int) -> None:
+        """Texts accepted and not yet answered now (queued or running)."""
+        self._inflight.set(texts)
+
     def on_tokenize(self, seconds: float) -> None:
         """The tokenization of one batch."""
         self._tokenize.observe(seconds)
 
 
+# The states /readyz reports, the same as grpc.health.v1's: only SERVING answers 200.
+WARMING = "warming"  # listening, models loading and warming up: NOT_SERVING
+SERVING = "serving"
+NO_MODEL = "no model"  # every model unloaded or removed: NOT_SERVING (Admin stays up)
+DRAINING = "draining"  # SIGTERM received: NOT_SERVING while in-flight work finishes
+READY_STATES = (WARMING, SERVING, NO_MODEL, DRAINING)
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds the process at exit
+
+
+class _IPv6Server(_ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # probes every few seconds would flood the log
+
+
 class MetricsServer:
-    """The HTTP endpoint serving a registry at /metrics, on a daemon thread."""
+    """The HTTP endpoint on a daemon thread: /metrics (the registry), /healthz (live: 200 while
+    the process serves HTTP, draining included) and /readyz (200 only while the server is
+    SERVING; 503 with the state while warming, draining or without a model). /readyz follows
+    the same state as grpc.health.v1, for probes that cannot speak gRPC (Knative, HTTP load
+    balancers)."""
 
     def __init__(self, httpd: WSGIServer, thread: threading.Thread) -> None:
         self._httpd = httpd
         self._thread = thread
         self.port: int = httpd.server_port
+        self.state: str = WARMING
+
+    def set_state(self, state: str) -> None:
+        """What /readyz reports: one of READY_STATES."""
+        if state not in READY_STATES:
+            raise ValueError(f"unknown readiness state {state!r}; expected one of {READY_STATES}")
+        self.state = state  # one reference assignment: the HTTP threads read it as is
+
+    def app(self, metrics_app: Any) -> Any:
+        """The WSGI app: the health paths, else prometheus-client's /metrics app."""
+
+        def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
+            path = environ.get("PATH_INFO", "")
+            if path == "/healthz":
+                return _text(start_response, "200 OK", "ok")
+            if path == "/readyz":
+                state = self.state
+                status = "200 OK" if state == SERVING else "503 Service Unavailable"
+                return _text(start_response, status, state)
+            return metrics_app(environ, start_response)
+
+        return wsgi
 
     def close(self) -> None:
         """Stop serving and release the port (idempotent)."""
@@ -448,17 +515,36 @@ class MetricsServer:
         self.close()
 
 
+def _text(start_response: Any, status: str, body: str) -> list[bytes]:
+    data = (body + "\n").encode()
+    start_response(
+        status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))]
+    )
+    return [data]
+
+
 def start_metrics_server(
     port: int, addr: str, registry: CollectorRegistry
 ) -> tuple[MetricsServer, int]:
-    """Serve ``registry`` over HTTP on ``addr:port`` (port 0: any free one); returns the bound port.
+    """Serve ``registry`` at /metrics, and /healthz and /readyz, over HTTP on ``addr:port``
+    (port 0: any free one); returns the bound port. Readiness starts as WARMING.
 
-    ``server, port = start_metrics_server(0, "127.0.0.1", metrics.registry)``; ``server.close()``.
+    ``server, port = start_metrics_server(0, "127.0.0.1", metrics.registry)``;
+    ``server.set_state(SERVING)``; ``server.close()``.
     """
     if not 0 <= port <= 65535:
         raise ValueError(f"metrics port must be within 0-65535, got {port}")
+    server_class = _IPv6Server if ":" in addr else _ThreadingWSGIServer
     try:
-        httpd, thread = start_http_server(port, addr=addr, registry=registry)
+        httpd = make_server(addr, port, _not_yet, server_class, handler_class=_QuietHandler)
     except OSError as exc:
         raise OSError(exc.errno, f"cannot serve metrics on {addr}:{port}: {exc.strerror}") from exc
-    return MetricsServer(httpd, thread), httpd.server_port
+    thread = threading.Thread(target=httpd.serve_forever, name="textserve-metrics", daemon=True)
+    server = MetricsServer(httpd, thread)
+    httpd.set_app(server.app(make_wsgi_app(registry)))
+    thread.start()
+    return server, httpd.server_port
+
+
+def _not_yet(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    return _text(start_response, "503 Service Unavailable", "starting")

@@ -20,7 +20,14 @@ from grpc_reflection.v1alpha import reflection
 
 from textserve.service.config import ServerConfig
 from textserve.service.health import NOT_SERVING, SERVING, DrainingHealthServicer
-from textserve.service.metrics import Metrics, MetricsServer, start_metrics_server
+from textserve.service.metrics import (
+    DRAINING,
+    NO_MODEL,
+    Metrics,
+    MetricsServer,
+    start_metrics_server,
+)
+from textserve.service.metrics import SERVING as READY
 from textserve.service.repository.core import ModelRepository
 from textserve.service.security import add_port
 from textserve.service.servicers import admin, classifier, oip
@@ -91,6 +98,7 @@ class Server:
             await self._close(grace=0)
             raise
         await self._set_health(SERVING)
+        self._set_readiness(READY)
         self.repository.on_change = self._models_changed
         logger.info(
             "textserve: serving %s on %s (default model: %s)",
@@ -104,6 +112,12 @@ class Server:
         removed), the server and its model services report NOT_SERVING; the Admin service,
         through which a model is loaded again, stays SERVING."""
         await self._set_health(SERVING if serving else NOT_SERVING, but=ADMIN_SERVICE)
+        self._set_readiness(READY if serving else NO_MODEL)
+
+    def _set_readiness(self, state: str) -> None:
+        """What the metrics port's /readyz says: the state grpc.health.v1 reports for ""."""
+        if self.metrics_server is not None and not (self._stopping and state != DRAINING):
+            self.metrics_server.set_state(state)
 
     async def _set_health(self, status: int, *, but: str | None = None) -> None:
         """`status` for the server ("") and every service it registered, except `but`."""
@@ -120,6 +134,7 @@ class Server:
         grace = self.config.grace_period if grace is None else grace
         started = time.monotonic()
         logger.info("draining (grace period %.1fs)", grace)
+        self._set_readiness(DRAINING)
         await self.health.enter_graceful_shutdown()
         self.repository.flush()  # queued batches start now instead of waiting to fill
         await self._close(grace)

@@ -99,8 +99,37 @@ def env_flag(
     for containers and shells configured by environment. A string default goes through the
     flag's `type` as argparse does for command-line values."""
     env = env or prefix + name.upper().replace("-", "_")
-    value = os.environ.get(env, default)
-    parser.add_argument(f"--{name}", default=value, help=f"{help} [{env}]", **kwargs)
+    value = os.environ.get(env)
+    if value is not None:
+        kwargs["type"] = _from_env(env, kwargs.get("type"), kwargs.get("choices"))
+        parser.add_argument(f"--{name}", default=_EnvValue(value), help=f"{help} [{env}]", **kwargs)
+        return
+    parser.add_argument(f"--{name}", default=default, help=f"{help} [{env}]", **kwargs)
+
+
+class _EnvValue(str):
+    """A flag's default read from the environment: a bad one is reported by its variable."""
+
+
+def _from_env(env: str, convert: Any, choices: Any) -> Any:
+    """`convert` (the flag's type), except that a bad value from the environment raises
+    CliError naming the variable: one line for a pod log, not argparse's usage and a flag
+    the manifest never named. Values given on the command line are converted as before."""
+
+    def typed(value: str) -> Any:
+        if not isinstance(value, _EnvValue):
+            return value if convert is None else convert(value)
+        try:
+            result = str(value) if convert is None else convert(str(value))
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+            kind = {int: "an integer", float: "a number"}.get(convert)
+            raise CliError(f"{env}={str(value)!r}: {f'expected {kind}' if kind else exc}") from None
+        if choices is not None and result not in choices:
+            raise CliError(f"{env}={str(value)!r}: expected one of {', '.join(map(str, choices))}")
+        return result
+
+    typed.__name__ = getattr(convert, "__name__", "str")  # argparse names it in its errors
+    return typed
 
 
 def env_switch(env: str) -> bool:
@@ -129,7 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except CliError as exc:  # a bad TEXTSERVE_* value (env_flag): one line
+        print(f"textserve: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -143,7 +143,7 @@ class BlockingClient:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         channel: grpc.Channel,
         *,
         timeout: float | None,
@@ -183,7 +183,7 @@ class Client(BlockingClient):
 
     def __init__(
         self,
-        target: str = DEFAULT_SERVER,
+        target: str | Sequence[str] = DEFAULT_SERVER,
         *,
         timeout: float | None = 30.0,
         tls: bool = False,
@@ -232,7 +232,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        target: str = DEFAULT_SERVER,
+        target: str | Sequence[str] = DEFAULT_SERVER,
         *,
         timeout: float | None = 30.0,
         tls: bool = False,

@@ -5,6 +5,14 @@ server.
     channel = open_channel("host:50051", ca="ca.pem", cert="client.pem", key="client.key")
     stub.Classify(request, metadata=bearer_metadata(token))
 
+    open_channel("dns:///textserve-grpc.textserve.svc:50051")   # every pod of a headless Service
+    open_channel("10.0.0.5:50051,10.0.0.6:50051")                # or ["10.0.0.5:50051", ...]
+
+Every channel balances per request with gRPC's `round_robin` over all the addresses its
+target resolves to (a ClusterIP Service would pin the one HTTP/2 connection to one pod), and
+retries UNAVAILABLE (a replica that stopped or drains before the call reached it; the
+textserve.v1 reads and Classify are idempotent): SERVICE_CONFIG.
+
     add_arguments(parser)                          # --tls, --tls-ca, --tls-cert, --tls-key, ...
     Client(args.server, **client_options(args))    # ca/cert/key/server_name/token for the Client
 
@@ -17,8 +25,11 @@ file and PEM files with the same functions (parse_tokens, read_tokens, read_pem)
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import json
 import logging
 import os
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -115,8 +126,97 @@ def channel_credentials(
     )
 
 
+# -- balancing ------------------------------------------------------------------------------------
+
+# Per-request balancing over every address of the target, and transparent retries of calls
+# that no replica could take (UNAVAILABLE: connection refused or reset, a draining server's
+# GOAWAY). Classify is idempotent (no state changes), so a retried call cannot classify twice
+# in any way that matters; streams are left out (their messages are not replayable).
+RETRIED_METHODS = ("Classify", "ListModels", "GetModel")
+SERVICE_CONFIG: dict[str, Any] = {
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "methodConfig": [
+        {
+            "name": [{"service": "textserve.v1.Classifier", "method": m} for m in RETRIED_METHODS],
+            "retryPolicy": {
+                "maxAttempts": 5,
+                "initialBackoff": "0.05s",
+                "maxBackoff": "1s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }
+    ],
+}
+BALANCING_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+    ("grpc.enable_retries", 1),
+    # a replica that restarts (rollout, SIGTERM then back) gets traffic again within seconds,
+    # not after gRPC's default backoff of up to two minutes
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+
+def channel_target(target: str | Sequence[str]) -> tuple[str, list[tuple[str, Any]]]:
+    """The gRPC target URI for `target` and the channel options it needs besides
+    BALANCING_OPTIONS: one address (HOST:PORT, or a URI such as dns:///name:port) as is;
+    several (a list, or one string with commas) as one `ipv4:`/`ipv6:` URI, host names
+    resolved now (use dns:/// to follow a name whose addresses change).
+
+    >>> channel_target("127.0.0.1:1,127.0.0.1:2")
+    ('ipv4:127.0.0.1:1,127.0.0.1:2', [])
+    >>> channel_target("dns:///textserve-grpc:50051")
+    ('dns:///textserve-grpc:50051', [])
+    """
+    addresses = [target] if isinstance(target, str) else list(target)
+    addresses = [a.strip() for item in addresses for a in item.split(",") if a.strip()]
+    if not addresses:
+        raise ConfigError("no server address given")
+    if len(addresses) == 1:
+        return addresses[0], []
+    if any("://" in a or a.startswith(("ipv4:", "ipv6:", "unix:")) for a in addresses):
+        raise ConfigError(
+            f"several addresses must each be HOST:PORT, got {', '.join(addresses)} "
+            "(for a name with many addresses give the one dns:///NAME:PORT)"
+        )
+    resolved = [ip for a in addresses for ip in _resolve(a)]
+    families = {":" in ip.rpartition(":")[0] for ip in resolved}
+    if len(families) > 1:
+        raise ConfigError(f"mix of IPv4 and IPv6 addresses: {', '.join(resolved)}")
+    scheme = "ipv6" if families == {True} else "ipv4"
+    options: list[tuple[str, Any]] = []
+    first_host = addresses[0].rpartition(":")[0].strip("[]")
+    if not _is_ip(first_host):  # TLS checks the certificate against the name, not an address
+        options.append(("grpc.default_authority", addresses[0]))
+    return f"{scheme}:{','.join(resolved)}", options
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _resolve(address: str) -> list[str]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"server address {address!r} is not HOST:PORT")
+    host = host.strip("[]")
+    if _is_ip(host):
+        return [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"cannot resolve {host!r}: {exc}") from None
+    ips = dict.fromkeys(str(info[4][0]) for info in infos)
+    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
+
+
 def open_channel(
-    target: str,
+    target: str | Sequence[str],
     *,
     tls: bool = False,
     ca: PathLike | None = None,
@@ -128,10 +228,14 @@ def open_channel(
 ) -> Any:
     """A channel to `target`: TLS when `tls` or any of ca/cert/key is given, else plaintext.
     `server_name` overrides the name checked against the server's certificate (e.g. when
-    dialling 127.0.0.1 a server whose certificate names its DNS name). `aio`: a grpc.aio one."""
+    dialling 127.0.0.1 a server whose certificate names its DNS name). `aio`: a grpc.aio one.
+    `target`: one address or URI, or several addresses (see channel_target); the channel
+    balances per request (round_robin) and retries UNAVAILABLE (SERVICE_CONFIG)."""
     import grpc  # here: `textserve --help` and the flag helpers stay instant
 
-    opts = list(options)
+    uri, extra = channel_target(target)
+    target = uri
+    opts = [*BALANCING_OPTIONS, *extra, *options]
     if not (tls or ca or cert or key):
         if server_name:
             raise ValueError("server_name only applies to TLS: give tls=True or a CA")

@@ -70,6 +70,8 @@ class BatchObserver(Protocol):
 
     def on_queue_depth(self, depth: int) -> None: ...
 
+    def on_inflight(self, texts: int) -> None: ...
+
 
 class NullObserver:
     def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
@@ -79,6 +81,9 @@ class NullObserver:
         pass
 
     def on_queue_depth(self, depth: int) -> None:
+        pass
+
+    def on_inflight(self, texts: int) -> None:
         pass
 
 
@@ -197,6 +202,7 @@ class Batcher(Generic[P]):
         self._clock = clock
         self._buckets: dict[int, deque[_Item]] = {}
         self._count = 0  # items in buckets (dead ones included until popped)
+        self._inflight = 0  # items of requests submitted and not yet answered (the scaling signal)
         self._queued_tokens = 0
         self._seq = 0
         self._batch_seq = 0
@@ -327,6 +333,8 @@ class Batcher(Generic[P]):
                 self._queued_tokens += length
             self._count += n
         self._observer.on_queue_depth(self._count)
+        self._inflight += n
+        self._observer.on_inflight(self._inflight)
         self._wake()
         if deadline is not None:
             request.deadline = deadline
@@ -336,6 +344,8 @@ class Batcher(Generic[P]):
         finally:
             if request.timer is not None:
                 request.timer.cancel()
+            self._inflight -= n
+            self._observer.on_inflight(self._inflight)
         assert request.outputs is not None
         return BatchResult(request.outputs, request.queue_seconds, request.run_seconds)
 

@@ -19,7 +19,8 @@ from textserve.cli import CliError, env_flag
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to classify")
     parser.add_argument("--file", help="read texts from this file, one per line ('-': stdin)")
-    env_flag(parser, "TEXTSERVE_", "server", "127.0.0.1:50051", "server address HOST:PORT")
+    env_flag(parser, "TEXTSERVE_", "server", "127.0.0.1:50051", "server address HOST:PORT; "
+             "several (comma-separated) or dns:///NAME:PORT: balanced per request")  # fmt: skip
     parser.add_argument("--model", help="model name (default: the server's default model)")
     parser.add_argument("--version", type=int, help="model version (default: the newest)")
     parser.add_argument("--all-scores", action="store_true", help="show every label's score")

@@ -44,6 +44,7 @@ class Recorder:
         self.batches: list[tuple[int, int, float]] = []
         self.waits: list[float] = []
         self.depths: list[int] = []
+        self.inflight: list[int] = []
 
     def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
         self.batches.append((size, padded_tokens, padding_ratio))
@@ -53,6 +54,9 @@ class Recorder:
 
     def on_queue_depth(self, depth: int) -> None:
         self.depths.append(depth)
+
+    def on_inflight(self, texts: int) -> None:
+        self.inflight.append(texts)
 
 
 def run(
@@ -266,6 +270,25 @@ def test_observer_sees_batches_waits_and_depth() -> None:
     assert recorder.batches == [(2, 8, 0.25)]
     assert len(recorder.waits) == 2
     assert recorder.depths[0] == 2 and recorder.depths[-1] == 0
+
+
+def test_inflight_counts_queued_and_running_texts_until_answered() -> None:
+    """textserve_inflight_texts (the autoscaling signal) counts a text from its submit until its
+    answer, also while its batch runs (when the queue depth is already back to 0)."""
+    recorder = Recorder()
+    gate = threading.Event()
+
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        first = asyncio.create_task(batcher.submit([1, 2, 3], [1, 1, 1]))
+        await wait_until(lambda: bool(recorder.inflight) and recorder.inflight[-1] == 3)
+        second = asyncio.create_task(batcher.submit([4], [1]))
+        await wait_until(lambda: recorder.inflight[-1] == 4)
+        assert batcher.snapshot().queue_depth < 4  # the first batch left the queue: it runs
+        gate.set()
+        await asyncio.gather(first, second)
+
+    run(body, model=FakeModel(gate), observer=recorder)
+    assert max(recorder.inflight) == 4 and recorder.inflight[-1] == 0
 
 
 def test_close_drains_queued_work_then_refuses() -> None:
