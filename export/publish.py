@@ -2,8 +2,8 @@
 
 A version is built in models/<name>/.tmp-<pid>-XXXX/ and renamed into place with rename(2)
 once complete, so readers see no version or a whole one; a name that parse_version refuses is
-never a version. A temp dir whose process is gone (killed before it could clean up) is removed by the
-next export of that model.
+never a version. A temp dir whose process is gone (killed before it could clean up) is removed
+by the next export of that model.
 """
 
 from __future__ import annotations
