@@ -14,7 +14,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from textserve.artifact import Manifest, ManifestError
+from textserve.artifact import Manifest, ManifestError, parse_version
 from textserve.service.config import usable_cpus
 
 
@@ -22,10 +22,11 @@ def find_version(repository: Path, model: str) -> Path | None:
     """The newest complete version of `model` in `repository` (None when there is none)."""
     versions = []
     for child in (repository / model).glob("*"):
-        if child.is_dir() and child.name.isdigit():
+        version = parse_version(child.name)
+        if version and child.is_dir():
             with contextlib.suppress(ManifestError):
                 Manifest.read(child)
-                versions.append(int(child.name))
+                versions.append(version)
     return repository / model / str(max(versions)) if versions else None
 
 

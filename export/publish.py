@@ -1,9 +1,9 @@
 """Atomic, versioned writes into the model repository: models/<name>/<N>/.
 
 A version is built in models/<name>/.tmp-<pid>-XXXX/ and renamed into place with rename(2)
-once complete, so readers see no version or a whole one; a name that is not all digits is never
-a version. A temp dir whose process is gone (killed before it could clean up) is removed by the
-next export of that model.
+once complete, so readers see no version or a whole one; a name that parse_version refuses is
+never a version. A temp dir whose process is gone (killed before it could clean up) is removed
+by the next export of that model.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from textserve.artifact import Manifest
+from textserve.artifact import Manifest, parse_version
 from textserve.export.errors import ExportError
 
 logger = logging.getLogger(__name__)
@@ -57,8 +57,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def next_version(model_dir: Path) -> int:
-    """1 + the highest integer-named directory (broken ones count: their number stays taken)."""
-    numbers = [int(p.name) for p in model_dir.iterdir() if p.name.isdigit() and p.is_dir()]
+    """1 + the highest version-named directory (broken ones count: their number stays taken)."""
+    numbers = [v for p in model_dir.iterdir() if (v := parse_version(p.name)) and p.is_dir()]
     return max(numbers, default=0) + 1
 
 

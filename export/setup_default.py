@@ -12,7 +12,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from textserve.artifact import Manifest, ManifestError
+from textserve.artifact import Manifest, ManifestError, parse_version
 from textserve.cli import CliError
 
 logger = logging.getLogger(__name__)
@@ -42,12 +42,13 @@ def existing_versions(repository: Path, name: str) -> list[int]:
         return []
     versions = []
     for child in model_dir.iterdir():
-        if child.is_dir() and child.name.isdigit():
+        version = parse_version(child.name)
+        if version and child.is_dir():
             try:
                 Manifest.read(child)
             except ManifestError:
                 continue
-            versions.append(int(child.name))
+            versions.append(version)
     return sorted(versions)
 
 

@@ -6,24 +6,6 @@ one table (service/servicers/status.py), so a code is decided in exactly one pla
 
 from __future__ import annotations
 
-# How much of a request-provided name or version an error message or log line quotes: enough to
-# recognise it, never the megabytes a client may send (a 3 MB name made a 3 MB log line, and a
-# status message too big for grpc's metadata limit, so the client saw that instead of NOT_FOUND).
-QUOTE_CHARS = 64
-
-
-def shorten(text: str, limit: int = QUOTE_CHARS) -> str:
-    """`text` quoted for a message or log line (as !r would), cut to `limit` characters.
-
-    >>> shorten("tiny")
-    "'tiny'"
-    >>> shorten("x" * 100, limit=3)
-    "'xxx…' (100 characters)"
-    """
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit] + '…'!r} ({len(text)} characters)"
-
 
 class ServiceError(Exception):
     """Base of every error a front end reports to its caller (message shown as is)."""

@@ -112,7 +112,8 @@ LOAD_FAILURE_REASONS: tuple[str, ...] = (
     "contract_mismatch",
     "tokenizer_error",  # tokenizer.json missing or not a loadable tokenizers file
     "warmup_error",  # the warm-up inference failed (or gave wrong-shaped or non-finite logits)
-    "other",
+    "unsafe_file",  # a symbolic link, not a regular file, or over its size cap: not read
+    "other",  # anything else, including errors nobody foresaw (the reason says which)
 )
 
 # The model label of requests that named a model the server never loaded.

@@ -1,21 +1,34 @@
 """The artifact contract of one model version: models/<name>/<version>/manifest.json.
 
-Lean on purpose (stdlib only): the exporter writes it and the server reads it, and
-the server must not need torch.
+Lean on purpose (stdlib and jsonschema only): the exporter writes it and the server reads it,
+and the server must not need torch. Everything in a repository is untrusted input (a CI job, a
+shared volume, a mistaken `cp` can put anything there), so this module is also where a version
+is read safely:
+
+    version = parse_version("12")                  # 12; None for "012", "²", "99999999999999999999"
+    manifest, files = read_version(Path("models/m/12"))   # files: {"model.onnx": b"...", ...}
+
+`read_version` hands back the very bytes it hashed, so what is verified is what is loaded.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 MANIFEST_FILE = "manifest.json"
 MODEL_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
+CONTRACT_FILES = (MODEL_FILE, TOKENIZER_FILE)  # the only files a manifest may reference
 FORMAT_VERSION = 1
 PRECISIONS = ("fp32", "fp16", "int8")
 INPUT_NAMES = ("input_ids", "attention_mask")
@@ -23,9 +36,67 @@ OUTPUT_NAME = "logits"
 # The largest version number: versions are int64 in the protocols (textserve.v1, metrics labels).
 MAX_VERSION = 2**63 - 1
 
+# Versions go out as int64 (protobuf, Prometheus labels): a bigger one made every RPC fail.
+MAX_VERSION = 2**63 - 1
+# Size caps, checked before a byte is read: generous for real models (the largest we export is
+# ~0.5 GB), but a version can no longer make the server hash or hold a 40 GB file.
+MAX_FILE_BYTES = {
+    MANIFEST_FILE: 1 << 20,
+    MODEL_FILE: 4 << 30,
+    TOKENIZER_FILE: 256 << 20,
+}
+# Nesting a manifest may have (ours: 4). Deeper JSON is refused before the schema sees it: it
+# would otherwise reach the recursion limit in json, jsonschema or dataclasses.asdict.
+MAX_DEPTH = 32
+SCHEMA_RESOURCE = ("schemas", "manifest.schema.json")  # inside the textserve package
+
 
 class ManifestError(ValueError):
     """A manifest that is missing, unreadable, incomplete or does not match its files."""
+
+
+class MissingFileError(ManifestError):
+    """A file of the contract is not in the version directory."""
+
+    def __init__(self, message: str, file: str) -> None:
+        super().__init__(message)
+        self.file = file
+
+
+class UnsafeFileError(ManifestError):
+    """A file that may not be read: a symbolic link, not a regular file, over its size cap."""
+
+
+class ChecksumError(ManifestError):
+    """A file whose sha256 is not the manifest's."""
+
+
+def shown(name: str, limit: int = 64) -> str:
+    """An untrusted name (a folder's, or a request's model name or version) for a message or a
+    log line: quoted and escaped as !r would, cut to `limit` characters with the full length
+    said. Never the megabytes a client may send: a 3 MB model name once made a 3 MB log line and
+    a status message too big for grpc's metadata, so the client saw that instead of NOT_FOUND.
+
+    >>> shown("²"), shown("x" * 100, limit=3)
+    ("'²'", "'xxx…' (100 characters)")
+    """
+    if len(name) <= limit:
+        return repr(name)
+    return f"{name[:limit] + '…'!r} ({len(name)} characters)"
+
+
+def parse_version(name: str) -> int | None:
+    """The version a directory name stands for, or None: a canonical ASCII decimal (no sign, no
+    leading zero, nothing but 0-9; str.isdigit() also takes '²') within 1..2**63-1.
+
+    >>> [parse_version(n) for n in ("1", "12", "0", "012", "+1", "²", "1 ", str(2**63))]
+    [1, 12, None, None, None, None, None, None]
+    """
+    # The length test first: int() of a long string is quadratic, and it bounds the range check.
+    if not 0 < len(name) <= 19 or not name.isascii() or not name.isdigit() or name[0] == "0":
+        return None
+    version = int(name)
+    return version if version <= MAX_VERSION else None
 
 
 @dataclass(frozen=True)
@@ -49,74 +120,193 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        required = [f for f in cls.__dataclass_fields__ if f not in ("format_version", "extra")]
-        missing = [f for f in required if f not in data]
-        if missing:
-            raise ManifestError(f"manifest is missing field(s): {', '.join(missing)}")
-        try:
-            manifest = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-        except TypeError as exc:
-            raise ManifestError(f"manifest is malformed: {exc}") from None
-        manifest.check()
-        return manifest
+    def from_dict(cls, data: Any, source: str = MANIFEST_FILE) -> Manifest:
+        """A Manifest from parsed JSON, or ManifestError naming `source` and what is wrong."""
+        validate_manifest(data, source)
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
     @classmethod
     def read(cls, version_dir: Path) -> Manifest:
-        path = Path(version_dir) / MANIFEST_FILE
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ManifestError(f"{path} does not exist") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ManifestError(f"{path} is unreadable: {exc}") from None
-        if not isinstance(data, dict):
-            raise ManifestError(f"{path} is not a JSON object")
-        return cls.from_dict(data)
+        with _VersionDir(Path(version_dir)) as directory:
+            return directory.manifest()
 
     def write(self, version_dir: Path) -> None:
         (Path(version_dir) / MANIFEST_FILE).write_text(self.to_json(), encoding="utf-8")
 
     def check(self) -> None:
-        if not isinstance(self.version, int) or self.version < 1:
-            raise ManifestError(f"version must be a positive integer, got {self.version!r}")
-        if not self.labels or len(set(self.labels)) != len(self.labels):
-            raise ManifestError("labels must be a non-empty list of distinct names")
-        if self.precision not in PRECISIONS:
-            raise ManifestError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if not isinstance(self.max_length, int) or self.max_length < 1:
-            raise ManifestError(f"max_length must be a positive integer, got {self.max_length!r}")
-        for fname in (MODEL_FILE, TOKENIZER_FILE):
-            if fname not in self.sha256:
-                raise ManifestError(f"manifest has no sha256 for {fname}")
+        """ManifestError unless this manifest, as written, passes the schema: what the exporter
+        publishes is what the server accepts."""
+        validate_manifest(json.loads(self.to_json()), f"manifest of {shown(self.name)}")
 
     def verify_files(self, version_dir: Path) -> None:
         """Raise ManifestError unless every file's sha256 matches the manifest."""
-        for fname, expected in self.sha256.items():
-            path = Path(version_dir) / fname
-            if not path.is_file():
-                raise ManifestError(f"{path} is missing")
-            actual = sha256_file(path)
+        with _VersionDir(Path(version_dir)) as directory:
+            directory.files(self)
+
+
+def read_version(version_dir: Path) -> tuple[Manifest, dict[str, bytes]]:
+    """The manifest of models/<name>/<version>/ and the bytes of the files it names, each a
+    regular file of the directory within its size cap, with the sha256 the manifest records.
+    Raises ManifestError (or a subclass saying which check failed)."""
+    with _VersionDir(Path(version_dir)) as directory:
+        manifest = directory.manifest()
+        return manifest, directory.files(manifest)
+
+
+class _VersionDir:
+    """A version directory opened once, its files opened relative to it: a path swapped for a
+    symbolic link between a check and the read cannot lead outside."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = -1
+
+    def __enter__(self) -> _VersionDir:
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and self.path.is_symlink():
+                raise UnsafeFileError(
+                    f"{self.path} is a symbolic link; a version must be a directory of its own"
+                ) from None
+            raise ManifestError(f"{self.path} cannot be opened: {exc.strerror or exc}") from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+    def manifest(self) -> Manifest:
+        where = self.path / MANIFEST_FILE
+        raw = self.read(MANIFEST_FILE)
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except RecursionError:
+            raise ManifestError(f"{where} is nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
+            raise ManifestError(f"{where} is unreadable: {_cut(str(exc))}") from None
+        return Manifest.from_dict(data, str(where))
+
+    def files(self, manifest: Manifest) -> dict[str, bytes]:
+        found = {}
+        for fname in CONTRACT_FILES:  # the schema allows exactly these keys, no paths
+            data = self.read(fname)
+            actual = hashlib.sha256(data).hexdigest()
+            expected = manifest.sha256[fname]
             if actual != expected:
-                raise ManifestError(
+                raise ChecksumError(
                     f"{fname} sha256 {actual[:12]}… does not match the manifest's {expected[:12]}…"
                 )
+            found[fname] = data
+        return found
+
+    def read(self, fname: str) -> bytes:
+        """The whole of `fname`, a regular file of this directory no larger than its cap."""
+        where = self.path / fname
+        cap = MAX_FILE_BYTES[fname]
+        # O_NOFOLLOW: a symbolic link is refused, wherever it points. O_NONBLOCK: opening a FIFO
+        # must not hang the scan (no effect on regular files).
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(fname, flags, dir_fd=self._fd)
+        except FileNotFoundError:
+            # "does not exist" for the manifest: the words `textserve models` always used
+            gone = "does not exist" if fname == MANIFEST_FILE else "is missing"
+            raise MissingFileError(f"{where} {gone}", fname) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeFileError(
+                    f"{where} is a symbolic link; the files of a version must be regular files "
+                    "inside its directory"
+                ) from None
+            raise ManifestError(f"{where} cannot be opened: {exc.strerror or exc}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise UnsafeFileError(f"{where} is not a regular file")
+            if info.st_size > cap:
+                raise UnsafeFileError(
+                    f"{where} is {info.st_size} bytes, over the {cap}-byte cap for {fname}"
+                )
+            # One byte more than fstat said: a file still growing is noticed, not cut short.
+            want, chunks, got = info.st_size + 1, [], 0
+            while got < want and (block := os.read(fd, want - got)):
+                chunks.append(block)
+                got += len(block)
+        except OSError as exc:
+            raise ManifestError(f"{where} cannot be read: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+        if got != info.st_size:
+            raise ManifestError(f"{where} changed while it was read; it is tried again later")
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def canonical_version(text: str) -> int | None:
-    """The version number `text` writes, if it writes one the one canonical way: ASCII digits,
-    no sign, space or leading zero, within 1..MAX_VERSION; else None. `str.isdigit()` is not
-    enough: it is true of "²" and other Unicode digits that int() refuses or reads differently.
+def validate_manifest(data: Any, source: str = MANIFEST_FILE) -> None:
+    """ManifestError naming `source` and the first problem unless `data` (parsed JSON) is a
+    manifest by textserve/schemas/manifest.schema.json."""
+    _check_plain(data, source)
+    errors = sorted(_validator().iter_errors(data), key=_error_order)
+    missing = [
+        name
+        for e in errors
+        if not e.path and e.validator == "required"
+        for name in e.validator_value
+        if name not in data
+    ]
+    if missing:
+        raise ManifestError(f"{source} is missing field(s): {', '.join(missing)}")
+    if errors:
+        where = "/".join(str(p) for p in errors[0].absolute_path)
+        raise ManifestError(
+            f"{source}: {_cut(where, 64) + ': ' if where else ''}" + _cut(errors[0].message)
+        )
 
-    >>> [canonical_version(t) for t in ("1", "42", "01", "0", "²", "+1", " 1", "", "1" * 20)]
-    [1, 42, None, None, None, None, None, None, None]
-    """
-    if not text or len(text) > len(str(MAX_VERSION)) or text[0] == "0":
-        return None
-    if not (text.isascii() and text.isdigit()):
-        return None
-    value = int(text)
-    return value if value <= MAX_VERSION else None
+
+def _error_order(error: Any) -> tuple[int, str]:
+    return (len(error.absolute_path), str(list(error.absolute_path)))
+
+
+def _check_plain(data: Any, source: str) -> None:
+    """What JSON Schema cannot say: nesting depth, and strings that are not text (a lone
+    surrogate from a \ud800 escape parses, then fails every response that carries it)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ManifestError(f"{source} is nested over {MAX_DEPTH} levels deep")
+        if isinstance(value, dict):
+            stack.extend((k, depth) for k in value)
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ManifestError(
+                    f"{source}: the string {shown(value)} is not valid Unicode text"
+                ) from None
+
+
+@cache
+def _validator() -> Any:
+    """The schema's Draft 2020-12 validator, built once (jsonschema imported only here)."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    # JSON Schema's integer takes 1.0 too; a float version or max_length fails protobuf later.
+    checker = base.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
+    )
+    strict = jsonschema.validators.extend(base, type_checker=checker)
+    text = resources.files("textserve").joinpath(*SCHEMA_RESOURCE).read_text(encoding="utf-8")
+    schema = json.loads(text)
+    strict.check_schema(schema)
+    return strict(schema)
+
+
+def _cut(message: str, limit: int = 200) -> str:
+    return message if len(message) <= limit else message[:limit] + "…"
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -134,7 +134,13 @@ class Session:
     """One onnxruntime InferenceSession following the artifact contract:
     input_ids, attention_mask int64 (B, T) -> logits float32 (B, num_labels)."""
 
-    def __init__(self, model_path: Path, config: RuntimeConfig) -> None:
+    def __init__(
+        self, model: Path | bytes, config: RuntimeConfig, *, source: Path | None = None
+    ) -> None:
+        """`model`: model.onnx's path, or its bytes (the repository passes the bytes it
+        verified, so no other file can be loaded in their place); `source` names them in
+        messages."""
+        model_path = source or (Path("<model.onnx bytes>") if isinstance(model, bytes) else model)
         ort = _onnxruntime(preload_cuda=config.device != "cpu")
         requested = select_providers(config.device, ort.get_available_providers())
         options = ort.SessionOptions()
@@ -148,7 +154,7 @@ class Session:
         options.log_severity_level = 3  # errors only; provider fallbacks are reported by us
         try:
             self._session = ort.InferenceSession(
-                str(model_path),
+                model if isinstance(model, bytes) else str(model),
                 options,
                 providers=requested,
                 disabled_optimizers=disabled_optimizers(requested),

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textserve.artifact import MANIFEST_FILE
+from textserve.artifact import shown
 from textserve.service.config import ServerConfig
 from textserve.service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
 from textserve.service.repository.loader import Files, LoadError, fingerprint, load_version_dir
 from textserve.service.repository.policy import LATEST, PolicyError, VersionPolicy, read_policy_file
+from textserve.service.repository.scan import ScanResult, scan, scan_repository
 from textserve.service.repository.watcher import RepositoryWatcher
 
 if TYPE_CHECKING:
@@ -104,32 +105,6 @@ class ReloadEvent:
     reason: str = ""  # refused: why
 
 
-def scan(root: Path) -> dict[str, dict[int, Path]]:
-    """models/<name>/<version>/ directories; a version is a positive integer directory name.
-
-    A version directory without manifest.json is skipped (being written, or not a version).
-    """
-    found: dict[str, dict[int, Path]] = {}
-    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        versions: dict[int, Path] = {}
-        for version_dir in model_dir.iterdir():
-            if not (version_dir.is_dir() and version_dir.name.isdigit()):
-                continue
-            if int(version_dir.name) < 1 or not (version_dir / MANIFEST_FILE).is_file():
-                continue
-            versions[int(version_dir.name)] = version_dir
-        if versions:
-            found[model_dir.name] = versions
-    return found
-
-
-def _scan_watching(
-    root: Path, watched: Iterable[Path]
-) -> tuple[dict[str, dict[int, Path]], dict[Path, Files]]:
-    """`scan(root)`, and the fingerprint of each watched version directory."""
-    return scan(root), {path: fingerprint(path) for path in watched}
-
-
 class ModelRepository:
     """Every model of one repository directory and the handles serving them. Use on one loop."""
 
@@ -139,10 +114,17 @@ class ModelRepository:
         self.metrics = metrics
         self.models: dict[str, ModelRecord] = {}
         self.default_model: str | None = None
-        # One change at a time (watcher, admin RPCs): loads run one after another, which also
-        # keeps a load's CPU use beside serving to one thread.
+        # One decision at a time (watcher, admin RPCs): scan, pick versions, start loads, retire.
+        # Held only for quick steps: the long work (reading, hashing, loading a version) runs in
+        # tasks outside it, so an admin call or another model never waits behind a slow load.
         self._lock = asyncio.Lock()
+        # The load in flight per model (one at a time per model, so its versions are tried in
+        # the policy's order; different models load side by side).
+        self._loads: dict[str, tuple[int, asyncio.Task[bool]]] = {}
         self._drains: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._not_versions: set[tuple[str, str]] = set()  # said once per name
+        self._not_models: set[str] = set()
+        self._unreadable: dict[str, str] = {}  # model directories that could not be listed
         self._started = False
         self._watcher: RepositoryWatcher | None = None
         # Told, after every change that loaded or unloaded a version, whether any model is
@@ -201,40 +183,69 @@ class ModelRepository:
     async def reconcile(self, names: Iterable[str] | None = None) -> list[ReloadEvent]:
         """Scan the repository and make the served versions of `names` (None: every model)
         match their policies. Returns what changed. Retired versions drain in the background."""
-        async with self._lock:
-            return await self._reconcile(None if names is None else set(names))
+        return await self._converge(None if names is None else set(names), rescan=True)
 
-    async def _reconcile(self, names: set[str] | None) -> list[ReloadEvent]:
-        await self._rescan()
+    async def _converge(self, names: set[str] | None, *, rescan: bool) -> list[ReloadEvent]:
+        """Rounds of: decide under the lock (scan first, once), then wait for the loads started
+        (or already in flight) without it; until nothing is left to load. A refused version
+        leaves the candidates, so the next round lets the policy pick again."""
         events: list[ReloadEvent] = []
+        first = True
+        while True:
+            async with self._lock:
+                if rescan and first:
+                    await self._rescan()
+                first = False
+                started, waiting = self._decide(names, events)
+            if not waiting:
+                break
+            # Not return_exceptions: a cancellation or a configuration error at startup
+            # (DeviceUnavailableError) ends the reconcile, as it did when loads ran inline.
+            await asyncio.gather(*waiting)
+            for record, entry, load in started:
+                ok = load.result()
+                events.append(
+                    ReloadEvent(record.name, entry.version, "loaded" if ok else "refused",
+                                entry.reason)
+                )  # fmt: skip
+        if events and self.on_change is not None:
+            await self.on_change(self.serving())
+        return events
+
+    def _decide(
+        self, names: set[str] | None, events: list[ReloadEvent]
+    ) -> tuple[
+        list[tuple[ModelRecord, VersionRecord, asyncio.Task[bool]]], list[asyncio.Task[bool]]
+    ]:
+        """One step, no waiting: per model, start loading the newest wanted version not loaded
+        yet, or (nothing to load) retire what is no longer wanted. Returns the loads started
+        and every load of these models to wait for."""
+        started: list[tuple[ModelRecord, VersionRecord, asyncio.Task[bool]]] = []
+        waiting: list[asyncio.Task[bool]] = []
         for record in list(self.models.values()):
             if names is not None and record.name not in names:
                 continue
             self._refresh_policy(record)
-            while True:  # a refused version leaves the candidates, so the policy picks again
+            if record.name not in self._loads:
                 missing = [
                     v for v in record.wanted() if record.versions[v].state is State.AVAILABLE
                 ]
-                if not missing:
-                    break
-                ok = await self._load(record, record.versions[missing[0]])
-                events.append(
-                    ReloadEvent(
-                        record.name,
-                        missing[0],
-                        "loaded" if ok else "refused",
-                        record.versions[missing[0]].reason,
-                    )
-                )
+                if missing:
+                    entry = record.versions[missing[0]]
+                    started.append((record, entry, self._start_load(record, entry)))
+            in_flight = self._loads.get(record.name)
+            if in_flight is not None:
+                waiting.append(in_flight[1])
             keep = set(record.wanted())
             for entry in record.ready():
-                if entry.version not in keep:
+                # While a load is in flight the version it replaces keeps serving, unless it
+                # was unloaded by hand.
+                by_hand = record.disabled or entry.version in record.excluded
+                if entry.version not in keep and (in_flight is None or by_hand):
                     self._retire(record, entry)
                     events.append(ReloadEvent(record.name, entry.version, "unloaded"))
             self._forget_removed(record)
-        if events and self.on_change is not None:
-            await self.on_change(self.serving())
-        return events
+        return started, waiting
 
     def serving(self) -> bool:
         """Whether any model has a version that takes requests."""
@@ -250,12 +261,38 @@ class ModelRepository:
             for entry in record.versions.values()
             if entry.state in (State.FAILED, State.READY)
         ]
-        found, files = await asyncio.get_running_loop().run_in_executor(
-            None, _scan_watching, self.root, watched
+        result = await asyncio.get_running_loop().run_in_executor(
+            None, scan_repository, self.root, watched
         )
-        self._update_records(found, files)
+        self._report_scan(result)
+        self._update_records(result)
 
-    def _update_records(self, found: dict[str, dict[int, Path]], files: dict[Path, Files]) -> None:
+    def _report_scan(self, result: ScanResult) -> None:
+        """Say once per name what was skipped, and once per change which model directories
+        could not be listed (their versions stay as they were)."""
+        for model, name in sorted(result.not_versions - self._not_versions):
+            logger.warning(
+                "model %s: folder %s is not a version (a version is a decimal number from 1 to "
+                "2**63-1 without leading zeros); skipped",
+                shown(model), shown(name),
+            )  # fmt: skip
+        self._not_versions = result.not_versions  # forgotten once gone: bounded by the disk
+        for name in sorted(result.not_models - self._not_models):
+            logger.warning(
+                "folder %s of %s is not a model: its name is not UTF-8 text; skipped",
+                ascii(name[:64]), self.root,
+            )  # fmt: skip
+        self._not_models = result.not_models
+        for model, problem in result.unreadable.items():
+            if self._unreadable.get(model) != problem:
+                logger.error(
+                    "cannot list model %s in %s (%s); its versions stay as they were",
+                    shown(model), self.root, problem,
+                )  # fmt: skip
+        self._unreadable = dict(result.unreadable)
+
+    def _update_records(self, result: ScanResult) -> None:
+        found, files = result.found, result.files
         for name, versions in found.items():
             record = self.models.setdefault(name, ModelRecord(name))
             for version, path in versions.items():
@@ -282,6 +319,8 @@ class ModelRepository:
                         name, version,
                     )  # fmt: skip
         for name, record in self.models.items():
+            if name in result.unreadable:
+                continue  # not listed this time: nothing is known to have left
             on_disk = found.get(name, {})
             for entry in record.versions.values():
                 entry.on_disk = entry.version in on_disk
@@ -314,24 +353,44 @@ class ModelRepository:
             if self.metrics is not None:
                 self.metrics.clear_model_info(record.name)
 
+    def _start_load(self, record: ModelRecord, entry: VersionRecord) -> asyncio.Task[bool]:
+        entry.state = State.LOADING
+        task = asyncio.get_running_loop().create_task(
+            self._load(record, entry), name=f"load-{record.name}:{entry.version}"
+        )
+        self._loads[record.name] = (entry.version, task)
+        return task
+
     async def _load(self, record: ModelRecord, entry: VersionRecord) -> bool:
         """Load, verify and warm one version, then start serving it. False (state FAILED,
-        reason logged and counted) if it cannot be served."""
+        reason logged and counted) if it cannot be served. Runs as a task, outside the lock."""
+        from textserve.service.engine.runtime import DeviceUnavailableError
+
         name, version = record.name, entry.version
-        entry.state = State.LOADING
         loop = asyncio.get_running_loop()
         try:
             # Taken before loading: files that change during the load differ at the next scan.
             entry.loaded_files = await loop.run_in_executor(None, fingerprint, entry.path)
             entry.changed_files = ()
             handle = await loop.run_in_executor(None, self._load_blocking, entry.path)
+            handle.start()
         except LoadError as exc:
             self._refuse(record, entry, str(exc), exc.reason)
+            return False
+        except DeviceUnavailableError:
+            entry.state = State.AVAILABLE  # at startup: the configuration's error, not this one's
+            raise
+        except Exception as exc:
+            # A check nobody foresaw failed: still this version's problem, never the server's.
+            logger.debug("loading model %s version %d", name, version, exc_info=True)
+            self._refuse(record, entry, f"unexpected {type(exc).__name__}: {exc}", "other")
             return False
         except BaseException:
             entry.state = State.AVAILABLE  # cancelled (shutdown) or a configuration error
             raise
-        handle.start()
+        finally:
+            if self._loads.get(name, (None,))[0] == version:
+                del self._loads[name]
         entry.handle, entry.state, entry.reason = handle, State.READY, ""
         logger.info(
             "model %s version %d ready on %s (labels %s, max_length %d)",
@@ -418,18 +477,15 @@ class ModelRepository:
                 for entry in record.versions.values():
                     if entry.state is State.FAILED:
                         entry.state = State.AVAILABLE
-            events = await self._reconcile({name})
-            if version and record.versions[version].state is not State.READY:
-                record.pinned.discard(version)
-                raise LoadFailedError(
-                    f"model {name!r} version {version} was refused: "
-                    f"{record.versions[version].reason}"
-                )
-            if not version and not record.ready():
-                raise LoadFailedError(
-                    f"model {name!r} has no version that loads; {record.describe()}"
-                )
-            return record, events
+        events = await self._converge({name}, rescan=False)
+        if version and record.versions[version].state is not State.READY:
+            record.pinned.discard(version)
+            raise LoadFailedError(
+                f"model {name!r} version {version} was refused: {record.versions[version].reason}"
+            )
+        if not version and not record.ready():
+            raise LoadFailedError(f"model {name!r} has no version that loads; {record.describe()}")
+        return record, events
 
     async def unload_model(
         self, name: str, version: int | None = None
@@ -445,12 +501,12 @@ class ModelRepository:
             else:
                 record.disabled = True
                 record.pinned.clear()
-            events = await self._reconcile({name})
-            drains = [
-                task
-                for (model, v), task in self._drains.items()
-                if model == name and (not version or v == version)
-            ]
+        events = await self._converge({name}, rescan=False)
+        drains = [
+            task
+            for (model, v), task in self._drains.items()
+            if model == name and (not version or v == version)
+        ]
         await asyncio.gather(*drains)
         return record, events
 
@@ -533,6 +589,10 @@ class ModelRepository:
     async def close(self, timeout: float | None = 0.0) -> None:
         if self._watcher is not None:
             await self._watcher.stop()
+        loads = [task for _, task in self._loads.values()]
+        for load in loads:
+            load.cancel()  # the executor thread finishes on its own; its handle is dropped
+        await asyncio.gather(*loads, return_exceptions=True)
         handles = self.handles()  # draining ones too: their drain is cut short below
         drains = list(self._drains.values())
         for task in drains:

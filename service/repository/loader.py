@@ -1,9 +1,11 @@
 """Turn one version directory into a warm ModelHandle, or refuse it with a reason.
 
-Every check a published version must pass before it may serve, in order: the manifest (readable,
-complete, for this name and version), the files it names (present, sha256 as recorded), the
-tokenizer, the onnxruntime session and its graph contract, then a warm-up. A refusal is a
-`LoadError` whose `reason` is a label value of textserve_model_load_failures_total.
+Every check a published version must pass before it may serve, in order: the manifest (a
+regular file within its size cap, valid by the schema, for this name and version), the files
+it names (regular files of the version directory within their caps, sha256 as recorded), the
+tokenizer, the onnxruntime session and its graph contract, then a warm-up. The tokenizer and
+the session are built from the bytes that were hashed, never from the paths again. A refusal is
+a `LoadError` whose `reason` is a label value of textserve_model_load_failures_total.
 Blocking: the repository runs it on an executor thread while the serving version goes on.
 """
 
@@ -13,7 +15,17 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, ManifestError
+from textserve.artifact import (
+    MANIFEST_FILE,
+    MODEL_FILE,
+    TOKENIZER_FILE,
+    ChecksumError,
+    ManifestError,
+    MissingFileError,
+    UnsafeFileError,
+    parse_version,
+    read_version,
+)
 from textserve.service.config import ServerConfig
 from textserve.tokenization import TokenizationError
 
@@ -39,10 +51,23 @@ def fingerprint(path: Path) -> Files:
     again only once its files change (e.g. a copy that was still being written), and a served
     one rewritten in place is noticed."""
     try:
-        entries = [(e.name, e.stat()) for e in os.scandir(path) if e.is_file()]
+        # Not following links: a link's own change is noticed, and nothing outside is touched.
+        entries = [
+            (e.name, e.stat(follow_symlinks=False))
+            for e in os.scandir(path)
+            if e.is_file(follow_symlinks=False) or e.is_symlink()
+        ]
     except OSError:
         return ()
     return tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in entries))
+
+
+# A missing file of the contract is refused as its loader would have been.
+_MISSING_REASONS = {
+    MANIFEST_FILE: "invalid_manifest",
+    MODEL_FILE: "session_error",
+    TOKENIZER_FILE: "tokenizer_error",
+}
 
 
 def load_version_dir(
@@ -63,30 +88,28 @@ def load_version_dir(
     from textserve.service.engine.runtime import ContractError, DeviceUnavailableError, Session
 
     try:
-        manifest = Manifest.read(path)
+        manifest, files = read_version(path)
+    except MissingFileError as exc:
+        raise LoadError(str(exc), _MISSING_REASONS.get(exc.file, "invalid_manifest")) from None
+    except UnsafeFileError as exc:
+        raise LoadError(str(exc), "unsafe_file") from None
+    except ChecksumError as exc:
+        raise LoadError(f"{path}: {exc}", "checksum_mismatch") from None
     except ManifestError as exc:
         raise LoadError(str(exc), "invalid_manifest") from None
-    if manifest.name != path.parent.name or manifest.version != int(path.name):
+    if manifest.name != path.parent.name or manifest.version != parse_version(path.name):
         raise LoadError(
-            f"{path}/manifest.json says {manifest.name} version {manifest.version}",
+            f"{path}/manifest.json says {manifest.name[:64]} version {manifest.version}",
             "invalid_manifest",
         )
-    if not (path / TOKENIZER_FILE).is_file():
-        raise LoadError(f"{path}/{TOKENIZER_FILE} is missing", "tokenizer_error")
-    if not (path / MODEL_FILE).is_file():
-        raise LoadError(f"{path}/{MODEL_FILE} is missing", "session_error")
     try:
-        manifest.verify_files(path)
-    except ManifestError as exc:
-        raise LoadError(f"{path}: {exc}", "checksum_mismatch") from None
-    try:
-        tokenizer = Tokenizer.from_file(str(path / TOKENIZER_FILE))
+        tokenizer = Tokenizer.from_buffer(files[TOKENIZER_FILE])
     except Exception as exc:
         raise LoadError(
             f"{path}/{TOKENIZER_FILE} is not a tokenizers file: {exc}", "tokenizer_error"
         ) from None
     try:
-        session = Session(path / MODEL_FILE, config.runtime)
+        session = Session(files.pop(MODEL_FILE), config.runtime, source=path / MODEL_FILE)
     except DeviceUnavailableError:
         raise
     except ContractError as exc:

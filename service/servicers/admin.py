@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from textserve.service.errors import ValidationError, shorten
+from textserve.artifact import shown
+from textserve.service.errors import ValidationError
 from textserve.service.repository.core import ModelRecord, ModelRepository, ReloadEvent
 from textserve.service.servicers.status import grpc_errors, model_name
 from textserve.v1 import admin_pb2 as pb
@@ -78,7 +79,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def LoadModel(self, request: pb.LoadModelRequest, context: Any) -> pb.LoadModelResponse:
         name, version = _target(request.name, request.version)
         logger.info(
-            "admin LoadModel %s version %s from %s", shorten(name), version or "*", context.peer()
+            "admin LoadModel %s version %s from %s", shown(name), version or "*", context.peer()
         )
         record, events = await self._repository.load_model(name, version)
         return pb.LoadModelResponse(
@@ -92,7 +93,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     ) -> pb.UnloadModelResponse:
         name, version = _target(request.name, request.version)
         logger.info(
-            "admin UnloadModel %s version %s from %s", shorten(name), version or "*", context.peer()
+            "admin UnloadModel %s version %s from %s", shown(name), version or "*", context.peer()
         )
         record, events = await self._repository.unload_model(name, version)
         return pb.UnloadModelResponse(

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from textserve.artifact import MAX_VERSION, canonical_version
+from textserve import artifact
+from textserve.artifact import MAX_VERSION, shown
 from textserve.oip import grpc_service_pb2 as pb
 from textserve.oip import grpc_service_pb2_grpc as pb_grpc
-from textserve.service.errors import ModelNotFoundError, NotReadyError, ValidationError, shorten
+from textserve.service.errors import ModelNotFoundError, NotReadyError, ValidationError
 from textserve.service.servicers.oip_codec import INPUT_NAME, decode_request, encode_response
 from textserve.service.servicers.oip_describe import model_config, model_metadata, model_statistics
 from textserve.service.servicers.status import deadline_of, grpc_errors, model_name, observed
@@ -44,10 +45,10 @@ def parse_version(model: str, version: str) -> int | None:
     otherwise: no version can have that name)."""
     if not version:
         return None
-    number = canonical_version(version)
+    number = artifact.parse_version(version)
     if number is None:
         raise ModelNotFoundError(
-            f"model {shorten(model)} has no version {shorten(version)}: versions are decimal "
+            f"model {shown(model)} has no version {shown(version)}: versions are decimal "
             f"integers from 1 to {MAX_VERSION}, written without sign or leading zeros"
         )
     return number

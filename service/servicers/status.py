@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from textserve.artifact import shown
 from textserve.service.errors import (
     CancelledError,
     DeadlineExceededError,
@@ -33,7 +34,6 @@ from textserve.service.errors import (
     OverloadedError,
     ServiceError,
     ValidationError,
-    shorten,
 )
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def model_name(name: str) -> str | None:
     """A request's model name for ModelRepository.get ("" -> None: the default model);
     ModelNotFoundError, quoting it shortened, for a name too long to be a model's."""
     if len(name) > MAX_NAME_CHARS:
-        raise ModelNotFoundError(f"no model named {shorten(name)}")
+        raise ModelNotFoundError(f"no model named {shown(name)}")
     return name or None
 
 

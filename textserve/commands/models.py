@@ -1,9 +1,10 @@
 """`textserve models`: list the model repository — names, versions, precision, accuracy, size.
 
 Listing (the default, or `textserve models list`) reads the manifests only: no server needed,
-and fast on a large repository (--verify also checks every file's checksum). A directory with
-an integer name but no valid manifest is listed as broken; temporary directories of exports in
-progress (.tmp-*) are not versions and are not listed.
+and fast on a large repository (--verify also checks every file's checksum). A directory named as
+a version (textserve.artifact.parse_version) but without a valid manifest is listed as broken;
+other names (temporary directories of exports in progress, .tmp-*) are not versions and are not
+listed.
 
 `textserve models load NAME [VERSION]`, `unload NAME [VERSION]` and `reload` ask a running
 server (--server, started with --enable-admin) through its Admin service: load serves VERSION
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from textserve import connect
-from textserve.artifact import Manifest, ManifestError
+from textserve.artifact import Manifest, ManifestError, parse_version
 from textserve.cli import env_flag
 
 
@@ -66,15 +67,16 @@ def list_versions(repository: Path, *, verify: bool = False) -> list[VersionInfo
         if model_dir.name.startswith("."):
             continue
         for version_dir in model_dir.iterdir():
-            if not (version_dir.is_dir() and version_dir.name.isdigit()):
+            version = parse_version(version_dir.name)
+            if version is None or not version_dir.is_dir():
                 continue
-            found.append(_describe(model_dir.name, version_dir, verify))
+            found.append(_describe(model_dir.name, version, version_dir, verify))
     return sorted(found, key=lambda v: (v.name, v.version))
 
 
-def _describe(name: str, version_dir: Path, verify: bool) -> VersionInfo:
-    size = sum(f.stat().st_size for f in version_dir.iterdir() if f.is_file())
-    version = int(version_dir.name)
+def _describe(name: str, version: int, version_dir: Path, verify: bool) -> VersionInfo:
+    # lstat: a link's own size; what it points at is not the version's (and is refused)
+    size = sum(f.lstat().st_size for f in version_dir.iterdir() if f.is_file())
     try:
         manifest = Manifest.read(version_dir)
         if manifest.name != name or manifest.version != version:

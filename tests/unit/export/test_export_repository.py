@@ -44,12 +44,14 @@ def test_missing_run_dir_is_named(tmp_path: Path) -> None:
     assert not (tmp_path / "models").exists()
 
 
-def test_next_version_counts_integer_directories_only(tmp_path: Path) -> None:
+def test_next_version_counts_version_directories_only(tmp_path: Path) -> None:
     assert publish.next_version(tmp_path) == 1
-    for name in ("1", "3", ".tmp-1-abc", "latest", "0007"):
+    # not versions (textserve.artifact.parse_version): the server skips them, so they take no
+    # number; "²" and a number past int64 used to make the export fail or publish past int64
+    for name in ("1", "3", ".tmp-1-abc", "latest", "0007", "²", "9" * 23):
         (tmp_path / name).mkdir()
     (tmp_path / "9").write_text("a file, not a version")
-    assert publish.next_version(tmp_path) == 8
+    assert publish.next_version(tmp_path) == 4
 
 
 def test_stale_temp_dirs_of_dead_exports_are_removed(tmp_path: Path) -> None:
@@ -69,8 +71,8 @@ def test_stale_temp_dirs_of_dead_exports_are_removed(tmp_path: Path) -> None:
 def _manifest() -> Manifest:
     return Manifest(
         name="m", version=1, labels=["a", "b"], max_length=8, pad_token_id=0, opset=18,
-        precision="fp32", sha256={"model.onnx": "0", "tokenizer.json": "0"},
-        source_checkpoint_sha256="0", parity={}, test_accuracy=1.0, created_at="now",
+        precision="fp32", sha256={"model.onnx": "0" * 64, "tokenizer.json": "0" * 64},
+        source_checkpoint_sha256="0" * 64, parity={}, test_accuracy=1.0, created_at="now",
     )  # fmt: skip
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from textserve.artifact import MAX_VERSION, canonical_version
-from textserve.service.errors import ModelNotFoundError, shorten
+from textserve import artifact
+from textserve.artifact import MAX_VERSION, shown
+from textserve.service.errors import ModelNotFoundError
 from textserve.service.servicers.oip import parse_version
 from textserve.service.servicers.status import MAX_NAME_CHARS, model_name
 
@@ -17,8 +18,8 @@ NOT_VERSIONS += [str(MAX_VERSION + 1), "9" * 19, "1" * 10_000]
     ("text", "number"),
     [("1", 1), ("42", 42), (str(MAX_VERSION), MAX_VERSION), *((t, None) for t in NOT_VERSIONS)],
 )
-def test_canonical_version(text: str, number: int | None) -> None:
-    assert canonical_version(text) == number
+def test_parse_version(text: str, number: int | None) -> None:
+    assert artifact.parse_version(text) == number
 
 
 def test_oip_parse_version_refuses_what_no_folder_can_be_named() -> None:
@@ -31,11 +32,11 @@ def test_oip_parse_version_refuses_what_no_folder_can_be_named() -> None:
     assert "(100000 characters)" in str(info.value) and len(str(info.value)) < 300
 
 
-def test_shorten_quotes_and_cuts() -> None:
-    assert shorten("abc") == "'abc'"
-    assert shorten("a" * 64) == repr("a" * 64)
-    assert shorten("a" * 65) == f"'{'a' * 64}…' (65 characters)"
-    assert shorten("x'y\n", limit=2) == '"x\'…" (4 characters)'
+def test_shown_quotes_and_cuts() -> None:
+    assert shown("abc") == "'abc'"
+    assert shown("a" * 64) == repr("a" * 64)
+    assert shown("a" * 65) == f"'{'a' * 64}…' (65 characters)"
+    assert shown("x'y\n", limit=2) == '"x\'…" (4 characters)'
 
 
 def test_model_name_refuses_names_no_folder_can_have() -> None:
