@@ -128,7 +128,7 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         host, sep, port = self.listen.rpartition(":")
-        if not sep or not host or not port.isdigit() or int(port) > 65535:
+        if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
             raise ConfigError(
                 f"--listen must be HOST:PORT (e.g. 127.0.0.1:50051), got {self.listen!r}"
             )

@@ -202,7 +202,7 @@ def _is_ip(host: str) -> bool:
 
 def _resolve(address: str) -> list[str]:
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not (port.isascii() and port.isdigit()) or not host:
         raise ConfigError(f"server address {address!r} is not HOST:PORT")
     host = host.strip("[]")
     if _is_ip(host):

@@ -60,6 +60,7 @@ def test_unexpected_errors_do_not_leak_their_message() -> None:
         (lambda: BatcherConfig(max_queue_size=0), "--max-queue-size"),
         (lambda: RuntimeConfig(device="gpu"), "--device must be one of auto, cpu, cuda"),
         (lambda: ServerConfig(listen="50051"), "--listen must be HOST:PORT"),
+        (lambda: ServerConfig(listen="127.0.0.1:²"), "--listen must be HOST:PORT"),  # isdigit()
         (lambda: ServerConfig(metrics_port=70000), "--metrics-port"),
         (lambda: ServerConfig(max_texts_per_request=0), "--max-texts-per-request"),
     ],

@@ -33,7 +33,7 @@ def test_host_names_are_resolved_and_keep_their_authority() -> None:
 
 @pytest.mark.parametrize(
     "target",
-    ["", "127.0.0.1:1,dns:///x:2", "127.0.0.1,127.0.0.2:2", "127.0.0.1:1,[::1]:2"],
+    ["", "127.0.0.1:1,dns:///x:2", "127.0.0.1,127.0.0.2:2", "127.0.0.1:1,[::1]:2", "a:1,b:²"],
 )
 def test_unusable_targets_are_refused(target: str) -> None:
     with pytest.raises(ConfigError):
