@@ -7,7 +7,8 @@ concurrency level, plus the server-side queue/compute split it reads from ModelS
     python -m textserve.bench.perf_analyzer --url 127.0.0.1:50051 --model default \\
         --texts runs/<run>/test.jsonl --concurrency 1,2,4,8 --output bench/results
     python -m textserve.bench.perf_analyzer --repository models --model default   # starts a server
-    python -m textserve.bench.perf_analyzer --repository models --concurrency 1,128 --request-rates half-peak
+    python -m textserve.bench.perf_analyzer --repository models --concurrency 1,128 \
+        --request-rates half-peak
 
 ``--request-rates`` adds open-loop levels: Poisson arrivals at a fixed rate (requests/s), or
 ``half-peak`` for half the highest throughput of the concurrency sweep just run. The summary

@@ -37,7 +37,8 @@ COMMANDS: dict[str, Command] = {
     "train": Command(
         "textserve.model.cli",
         "train a transformer classifier on labelled text (needs textserve[train])",
-        "textserve train reviews.csv --text-column text --label-column label --output-dir runs/reviews",
+        "textserve train reviews.csv --text-column text --label-column label "
+        "--output-dir runs/reviews",
     ),
     "export": Command(
         "textserve.export.cli",

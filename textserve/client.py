@@ -345,7 +345,9 @@ class AdminClient(BlockingClient):
         self.stub = admin_pb2_grpc.AdminStub(self._channel)
 
     def load_model(self, name: str, version: int | None = None) -> admin_pb2.LoadModelResponse:
-        return self._call(self.stub.LoadModel, admin_pb2.LoadModelRequest(name=name, version=version or 0))
+        return self._call(
+            self.stub.LoadModel, admin_pb2.LoadModelRequest(name=name, version=version or 0)
+        )
 
     def unload_model(self, name: str, version: int | None = None) -> admin_pb2.UnloadModelResponse:
         return self._call(

@@ -12,10 +12,9 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.serving import RunningServer, health, running_server
-from textserve.client import AdminClient
 from textserve.artifact import MODEL_FILE, Manifest
 from textserve.cli import main as cli_main
-from textserve.client import ClientError
+from textserve.client import AdminClient, ClientError
 from textserve.service.config import SecurityConfig
 from textserve.service.repository.policy import parse_policies
 from textserve.v1 import admin_pb2

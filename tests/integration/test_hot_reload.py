@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from tests.serving import running_server
-from textserve.client import AdminClient
 from textserve.artifact import MODEL_FILE, Manifest
+from textserve.client import AdminClient
 from textserve.oip import grpc_service_pb2 as oip
 from textserve.oip import grpc_service_pb2_grpc as oip_grpc
 from textserve.service.engine.handle import ModelHandle

@@ -1,9 +1,9 @@
 """`textserve models`: list the model repository — names, versions, precision, accuracy, size.
 
 Listing (the default, or `textserve models list`) reads the manifests only: no server needed,
-and fast on a large repository (--verify also checks every file's checksum). A directory with an integer name
-but no valid manifest is listed as broken; temporary directories of exports in progress (.tmp-*)
-are not versions and are not listed.
+and fast on a large repository (--verify also checks every file's checksum). A directory with an
+integer name but no valid manifest is listed as broken; temporary directories of exports in
+progress (.tmp-*) are not versions and are not listed.
 
 `textserve models load NAME [VERSION]`, `unload NAME [VERSION]` and `reload` ask a running
 server (--server, started with --enable-admin) through its Admin service: load serves VERSION

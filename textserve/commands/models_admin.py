@@ -14,9 +14,8 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from textserve import connect
-from textserve.client import AdminClient
 from textserve.cli import CliError
-from textserve.client import ClientError
+from textserve.client import AdminClient, ClientError
 from textserve.v1 import admin_pb2, classifier_pb2
 
 _ACTION_WORDS = {
