@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          "each batch runs as length-sorted sub-batches anyway)", type=float)  # fmt: skip
     flag("max-queue-size", "4096", "texts waiting per model before requests are refused", type=int)
     flag("max-texts-per-request", "1024", "texts one request may carry", type=int)
+    flag("stream-max-inflight", "32", "requests of one ClassifyStream read and not yet answered "
+         "(processing or queued for the client); at the limit the server stops reading the "
+         "stream", type=int)  # fmt: skip
     flag("max-message-bytes", str(4 * 1024 * 1024), "largest request message in bytes; larger "
          "ones get RESOURCE_EXHAUSTED", type=int)  # fmt: skip
     flag("tls-cert", None, "PEM certificate (chain) of the server: serve TLS (with --tls-key)")
@@ -97,6 +100,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             max_texts_per_request=args.max_texts_per_request,
             grace_period=args.grace_period,
             max_message_bytes=args.max_message_bytes,
+            stream_max_inflight=args.stream_max_inflight,
             security=SecurityConfig(
                 tls_cert=Path(args.tls_cert) if args.tls_cert else None,
                 tls_key=Path(args.tls_key) if args.tls_key else None,

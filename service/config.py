@@ -125,6 +125,10 @@ class ServerConfig:
     poll_interval: float = 5.0  # seconds between scans for new/removed versions; 0: no watching
     version_policy: PolicySet = field(default_factory=PolicySet)  # which versions are served
     enable_admin: bool = False  # serve textserve.v1.Admin (LoadModel, UnloadModel, Reload...)
+    # Requests of one ClassifyStream read but not yet answered (processing, or their response
+    # waiting for the client to read it). At the limit the stream stops reading its requests,
+    # so a client that never reads is slowed by HTTP/2 flow control instead of growing memory.
+    stream_max_inflight: int = 32
 
     def __post_init__(self) -> None:
         host, sep, port = self.listen.rpartition(":")
@@ -143,6 +147,10 @@ class ServerConfig:
         if self.max_message_bytes < 1024:
             raise ConfigError(
                 f"--max-message-bytes must be at least 1024, got {self.max_message_bytes}"
+            )
+        if self.stream_max_inflight < 1:
+            raise ConfigError(
+                f"--stream-max-inflight must be at least 1, got {self.stream_max_inflight}"
             )
         if not self.poll_interval >= 0:
             raise ConfigError(

@@ -20,7 +20,6 @@ from textserve.service.servicers.status import (
     deadline_of,
     grpc_code,
     grpc_errors,
-    grpc_stream_errors,
     log_unexpected,
     model_name,
     observed,
@@ -86,9 +85,16 @@ def build_response(
 
 
 class ClassifierServicer(pb_grpc.ClassifierServicer):
-    def __init__(self, repository: ModelRepository, metrics: Metrics | None) -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        metrics: Metrics | None,
+        *,
+        stream_max_inflight: int = 32,  # ServerConfig.stream_max_inflight
+    ) -> None:
         self._repository = repository
         self._metrics = metrics
+        self._stream_max_inflight = stream_max_inflight
 
     async def _classify(
         self, request: pb.ClassifyRequest, deadline: float | None, method: str
@@ -106,12 +112,22 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
     async def Classify(self, request: pb.ClassifyRequest, context: Any) -> pb.ClassifyResponse:
         return await self._classify(request, deadline_of(context), "Classify")
 
-    @grpc_stream_errors
+    @grpc_errors
     async def ClassifyStream(
         self, request_iterator: AsyncIterator[pb.ClassifyRequest], context: Any
-    ) -> AsyncIterator[pb.ClassifyResponse]:
+    ) -> None:
+        """Answer each request of the stream as it completes (each response carries its id).
+
+        Backpressure: a request holds one of `stream_max_inflight` permits from the moment it
+        is read until its response has been written to grpc. Without a permit the stream reads
+        no more requests, so a client that stops reading its responses stops the server reading
+        its requests, and HTTP/2 flow control slows the client; the server holds at most that
+        many requests and responses per stream, whatever the client does."""
         deadline = deadline_of(context)
-        responses: asyncio.Queue[pb.ClassifyResponse | None] = asyncio.Queue()
+        limit = self._stream_max_inflight
+        permits = asyncio.Semaphore(limit)
+        # At most one response per permit, plus the end marker: put_nowait never finds it full.
+        responses: asyncio.Queue[pb.ClassifyResponse | None] = asyncio.Queue(limit + 1)
         tasks: set[asyncio.Task[None]] = set()
 
         async def answer(request: pb.ClassifyRequest) -> None:
@@ -123,11 +139,16 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
                     id=request.id,
                     error=pb.Status(code=grpc_code(exc).value[0], message=public_message(exc)),
                 )
-            await responses.put(response)
+            responses.put_nowait(response)
 
         async def read() -> None:
+            requests = aiter(request_iterator)
             try:
-                async for request in request_iterator:
+                while True:
+                    await permits.acquire()  # no permit, no read: the backpressure
+                    request = await anext(requests, None)
+                    if request is None:
+                        break
                     task = asyncio.create_task(answer(request))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
@@ -141,8 +162,16 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
         reader = asyncio.create_task(read())
         try:
             while (response := await responses.get()) is not None:
-                yield response
+                await _write(context, response)  # returns once grpc took it (flow control)
+                permits.release()
             await reader  # surfaces a failure of the request stream itself
+        except asyncio.CancelledError:
+            # The client cancelled, its deadline passed or its connection went: not an error.
+            logger.debug(
+                "ClassifyStream cancelled by the client or its deadline (%d requests in flight)",
+                len(tasks),
+            )
+            raise
         finally:
             reader.cancel()
             for task in tasks:
@@ -210,9 +239,23 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
         ]
 
 
+async def _write(context: Any, response: pb.ClassifyResponse) -> None:
+    """context.write, where a failure means the call has ended under us (the client cancelled,
+    its deadline passed, its connection went) and ends the handler as cancelled: grpc logs a
+    failed write of a handler (e.g. a response generator's) as an ERROR with a traceback, and a
+    cancelled handler at DEBUG, which is what a client going away is."""
+    try:
+        await context.write(response)
+    except Exception as exc:
+        raise asyncio.CancelledError(f"writing a response failed: {exc!r}") from exc
+
+
 def register(server: grpc.aio.Server, ctx: ServingContext) -> list[str]:
     """Add the Classifier service to `server`; returns its full name for health and reflection."""
     pb_grpc.add_ClassifierServicer_to_server(
-        ClassifierServicer(ctx.repository, ctx.metrics), server
+        ClassifierServicer(
+            ctx.repository, ctx.metrics, stream_max_inflight=ctx.config.stream_max_inflight
+        ),
+        server,
     )
     return [SERVICE_NAME]
