@@ -9,13 +9,10 @@ from __future__ import annotations
 import argparse
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from textserve.cli import CliError, env_flag, env_switch
+from textserve.service.config import DEVICES, BatcherConfig, RuntimeConfig, ServerConfig
 from textserve.service.repository.policy import PolicyError, PolicySet, parse_policies
-
-if TYPE_CHECKING:
-    from textserve.service.config import ServerConfig
 
 
 def _port_or_off(value: str) -> int | None:
@@ -29,6 +26,13 @@ def _port_or_off(value: str) -> int | None:
         ) from None
 
 
+def _text(value: float | None) -> str:
+    """A config default as the flag would spell it: 30.0 -> "30", None -> "off"."""
+    if value is None:
+        return "off"
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
 def _policies(value: str) -> PolicySet:
     try:
         return parse_policies(value)
@@ -38,40 +42,121 @@ def _policies(value: str) -> PolicySet:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag = functools.partial(env_flag, parser, "TEXTSERVE_")
+    # The one source of defaults: the config dataclasses (flags only spell them as text).
+    server, batcher, runtime = ServerConfig(), BatcherConfig(), RuntimeConfig()
 
-    flag("repository", "models", "model repository: <dir>/<name>/<version>/ (default: models)")
+    flag(
+        "repository",
+        str(server.repository),
+        "model repository: <dir>/<name>/<version>/ (default: models)",
+    )
     flag("model", None, "the default model (default: the only model in the repository)")
-    flag("listen", "127.0.0.1:50051", "gRPC address HOST:PORT; port 0 picks a free one")
-    flag("device", "auto", "auto: CUDA when available else CPU; cpu; cuda (fails without CUDA)",
-         choices=("auto", "cpu", "cuda"))  # fmt: skip
-    flag("metrics-port", "8000", "Prometheus /metrics port; 0 picks a free one; off disables",
-         type=_port_or_off)  # fmt: skip
-    flag("metrics-host", "127.0.0.1", "address of the metrics endpoint")
-    flag("max-batch-size", "64", "texts per batch", type=int)
-    flag("max-batch-tokens", "8192", "padded tokens per batch (texts x longest)", type=int)
-    flag("max-queue-delay-ms", "0", "how long a text may wait for its batch to fill", type=float)
-    flag("max-padding-ratio", "1", "padding a batch may have once it holds 8 texts (1: any; "
-         "each batch runs as length-sorted sub-batches anyway)", type=float)  # fmt: skip
-    flag("max-queue-size", "4096", "texts waiting per model before requests are refused", type=int)
-    flag("max-texts-per-request", "1024", "texts one request may carry", type=int)
-    flag("stream-max-inflight", "32", "requests of one ClassifyStream read and not yet answered "
-         "(processing or queued for the client); at the limit the server stops reading the "
-         "stream", type=int)  # fmt: skip
-    flag("max-message-bytes", str(4 * 1024 * 1024), "largest request message in bytes; larger "
-         "ones get RESOURCE_EXHAUSTED", type=int)  # fmt: skip
+    flag("listen", server.listen, "gRPC address HOST:PORT; port 0 picks a free one")
+    flag(
+        "device",
+        runtime.device,
+        "auto: CUDA when available else CPU; cpu; cuda (fails without CUDA)",
+        choices=DEVICES,
+    )
+    flag(
+        "metrics-port",
+        _text(server.metrics_port),
+        "Prometheus /metrics port; 0 picks a free one; off disables",
+        type=_port_or_off,
+    )
+    flag("metrics-host", server.metrics_host, "address of the metrics endpoint")
+    flag("max-batch-size", _text(batcher.max_batch_size), "texts per batch", type=int)
+    flag(
+        "max-batch-tokens",
+        _text(batcher.max_batch_tokens),
+        "padded tokens per batch (texts x longest)",
+        type=int,
+    )
+    flag(
+        "max-queue-delay-ms",
+        _text(batcher.max_queue_delay * 1000),
+        "how long a text may wait for its batch to fill",
+        type=float,
+    )
+    flag(
+        "max-padding-ratio",
+        _text(batcher.max_padding_ratio),
+        "padding a batch may have once it holds 8 texts (1: any; "
+        "each batch runs as length-sorted sub-batches anyway)",
+        type=float,
+    )
+    flag(
+        "max-queue-size",
+        _text(batcher.max_queue_size),
+        "texts waiting per model before requests are refused",
+        type=int,
+    )
+    flag(
+        "max-texts-per-request",
+        _text(server.max_texts_per_request),
+        "texts one request may carry",
+        type=int,
+    )
+    flag(
+        "stream-max-inflight",
+        _text(server.stream_max_inflight),
+        "requests of one ClassifyStream read and not yet answered "
+        "(processing or queued for the client); at the limit the server stops reading the "
+        "stream",
+        type=int,
+    )
+    flag(
+        "max-message-bytes",
+        _text(server.max_message_bytes),
+        "largest request message in bytes; larger ones get RESOURCE_EXHAUSTED",
+        type=int,
+    )
     flag("tls-cert", None, "PEM certificate (chain) of the server: serve TLS (with --tls-key)")
     flag("tls-key", None, "PEM private key of --tls-cert")
     flag("tls-client-ca", None, "PEM CA bundle: mutual TLS, clients need a certificate it signed")
-    flag("auth-token-file", None, "require 'authorization: Bearer <token>': tokens, one per line "
-         "(health and reflection stay open)")  # fmt: skip
-    flag("intra-op-threads", "0", "onnxruntime threads per operator (0: usable CPUs - 1)", type=int)
-    flag("inter-op-threads", "1", "onnxruntime operators run in parallel", type=int)
-    flag("inference-threads", "1", "batches run at once per model (1 on CPU)", type=int)
-    flag("grace-period", "30", "seconds to finish in-flight work on SIGTERM/SIGINT", type=float)
-    flag("poll-interval", "5", "seconds between scans of the repository for new or removed "
-         "versions; 0: no watching", type=float)  # fmt: skip
-    flag("version-policy", "latest:1", "versions to serve: latest[:N], all, specific:V[,V...]; "
-         "NAME=POLICY for one model (space-separated)", type=_policies)  # fmt: skip
+    flag(
+        "auth-token-file",
+        None,
+        "require 'authorization: Bearer <token>': tokens, one per line "
+        "(health and reflection stay open)",
+    )
+    flag(
+        "intra-op-threads",
+        _text(runtime.intra_op_threads),
+        "onnxruntime threads per operator (0: usable CPUs - 1)",
+        type=int,
+    )
+    flag(
+        "inter-op-threads",
+        _text(runtime.inter_op_threads),
+        "onnxruntime operators run in parallel",
+        type=int,
+    )
+    flag(
+        "inference-threads",
+        _text(runtime.inference_threads),
+        "batches run at once per model (1 on CPU)",
+        type=int,
+    )
+    flag(
+        "grace-period",
+        _text(server.grace_period),
+        "seconds to finish in-flight work on SIGTERM/SIGINT",
+        type=float,
+    )
+    flag(
+        "poll-interval",
+        _text(server.poll_interval),
+        "seconds between scans of the repository for new or removed versions; 0: no watching",
+        type=float,
+    )
+    flag(
+        "version-policy",
+        "latest:1",
+        "versions to serve: latest[:N], all, specific:V[,V...]; "
+        "NAME=POLICY for one model (space-separated)",
+        type=_policies,
+    )
     parser.add_argument(
         "--enable-admin",
         action="store_true",
@@ -82,13 +167,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> ServerConfig:
-    from textserve.service.config import (
-        BatcherConfig,
-        ConfigError,
-        RuntimeConfig,
-        SecurityConfig,
-        ServerConfig,
-    )
+    from textserve.service.config import ConfigError, SecurityConfig
 
     try:
         return ServerConfig(

@@ -253,12 +253,10 @@ class ModelHandle:
         *,
         truncate: bool = True,
         deadline: float | None = None,
-        method: str = "Classify",
     ) -> ClassifyResult:
         """Probabilities for each text. `deadline`: absolute time.monotonic() seconds.
 
         Raises ValidationError, OverloadedError, DeadlineExceededError, NotReadyError.
-        `method` names the calling front end (reserved for per-method accounting).
         """
         # Counted before the first await, i.e. in the same loop step as repository.get(): a
         # version retired meanwhile still waits for this request (see drain()).

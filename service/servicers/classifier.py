@@ -103,9 +103,7 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
             handle = self._repository.get(model_name(request.model), request.version or None)
             seen.model = handle.name
             truncate = request.truncate if request.HasField("truncate") else True
-            result = await handle.classify(
-                request.texts, truncate=truncate, deadline=deadline, method=method
-            )
+            result = await handle.classify(request.texts, truncate=truncate, deadline=deadline)
             return build_response(request, handle, result)
 
     @grpc_errors

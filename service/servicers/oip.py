@@ -152,9 +152,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             decoded = decode_request(request)
             options = {} if decoded.truncate is None else {"truncate": decoded.truncate}
             try:
-                result = await handle.classify(
-                    decoded.texts, deadline=deadline, method=METHOD, **options
-                )
+                result = await handle.classify(decoded.texts, deadline=deadline, **options)
             except ValidationError as exc:
                 # The core speaks of texts[i]; OIP clients sent a tensor.
                 raise ValidationError(f"input tensor {INPUT_NAME!r}: {exc}") from None

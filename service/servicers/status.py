@@ -18,7 +18,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -94,25 +94,6 @@ def grpc_errors(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitabl
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # the one place unexpected errors become INTERNAL
-            log_unexpected(exc, method.__qualname__)
-            await context.abort(grpc_code(exc), public_message(exc))
-
-    return wrapper
-
-
-def grpc_stream_errors(
-    method: Callable[..., AsyncIterator[Any]],
-) -> Callable[..., AsyncIterator[Any]]:
-    """The same as grpc_errors for async-generator (streaming response) methods."""
-
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
-        try:
-            async for item in method(self, request, context):
-                yield item
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
             log_unexpected(exc, method.__qualname__)
             await context.abort(grpc_code(exc), public_message(exc))
 

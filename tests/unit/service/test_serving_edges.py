@@ -86,6 +86,16 @@ def test_serve_flags_build_the_config() -> None:
     assert config.metrics_port is None and config.runtime.device == "cpu"
 
 
+def test_serve_flag_defaults_are_the_configs_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One source of defaults: `textserve serve` with no flag (and no TEXTSERVE_* variable)
+    # builds exactly the config the dataclasses default to.
+    import os
+
+    for name in [n for n in os.environ if n.startswith("TEXTSERVE_")]:
+        monkeypatch.delenv(name)
+    assert serve_cli.build_config(parse(["serve"])) == ServerConfig()
+
+
 def test_serve_flags_fall_back_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEXTSERVE_LISTEN", "0.0.0.0:6000")
     monkeypatch.setenv("TEXTSERVE_MAX_QUEUE_SIZE", "17")
