@@ -71,8 +71,16 @@ def _target(name: str, version: int) -> tuple[str, int | None]:
 
 
 class AdminServicer(pb_grpc.AdminServicer):
-    def __init__(self, repository: ModelRepository) -> None:
+    def __init__(self, repository: ModelRepository, ctx: ServingContext | None = None) -> None:
         self._repository = repository
+        self._ctx = ctx
+
+    async def _relay(self, op: str, name: str, version: int | None) -> None:
+        """With --workers the call landed on one worker: the others apply it too before the
+        call returns (the supervisor relays it), so every connection sees the change."""
+        relay = self._ctx.relay if self._ctx is not None else None
+        if relay is not None:
+            await relay(op, name, version)
 
     @grpc_errors
     async def LoadModel(self, request: pb.LoadModelRequest, context: Any) -> pb.LoadModelResponse:
@@ -81,6 +89,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             "admin LoadModel %s version %s from %s", shorten(name), version or "*", context.peer()
         )
         record, events = await self._repository.load_model(name, version)
+        await self._relay("load", name, version)
         return pb.LoadModelResponse(
             model=model_summary(record, self._repository.default_model),
             events=version_events(events),
@@ -95,6 +104,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             "admin UnloadModel %s version %s from %s", shorten(name), version or "*", context.peer()
         )
         record, events = await self._repository.unload_model(name, version)
+        await self._relay("unload", name, version)
         return pb.UnloadModelResponse(
             model=model_summary(record, self._repository.default_model),
             events=version_events(events),
@@ -106,6 +116,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     ) -> pb.ReloadRepositoryResponse:
         logger.info("admin ReloadRepository from %s", context.peer())
         events = await self._repository.reconcile()
+        await self._relay("reload", "", None)
         default = self._repository.default_model
         return pb.ReloadRepositoryResponse(
             events=version_events(events),
@@ -117,5 +128,5 @@ def register(server: grpc.aio.Server, ctx: ServingContext) -> Sequence[str]:
     """Add the Admin service when the config enables it; returns the names it added."""
     if not ctx.config.enable_admin:
         return []
-    pb_grpc.add_AdminServicer_to_server(AdminServicer(ctx.repository), server)
+    pb_grpc.add_AdminServicer_to_server(AdminServicer(ctx.repository, ctx), server)
     return [SERVICE_NAME]
