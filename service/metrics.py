@@ -56,13 +56,13 @@ __all__ = [
     "READY_STATES",
     "SERVING",
     "UNKNOWN_MODEL",
-    "SupervisorMetrics",
     "WARMING",
     "Metrics",
     "MetricsServer",
+    "SupervisorMetrics",
+    "multiprocess",
     "padding_ratio",
     "reason_for_code",
-    "multiprocess",
     "server_registry",
     "start_metrics_server",
 ]
@@ -290,8 +290,8 @@ def server_registry(path: str, workers: Any) -> CollectorRegistry:
     the multiprocess files in `path`, and the server's CPU and memory (`workers()`: the pids of
     the live workers)."""
     registry = CollectorRegistry()
-    registry.register(_ServedOnly(path))  # type: ignore[arg-type]
-    registry.register(_ServerProcesses(workers))  # type: ignore[arg-type]
+    registry.register(_ServedOnly(path))
+    registry.register(_ServerProcesses(workers))
     return registry
 
 

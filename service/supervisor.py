@@ -139,7 +139,8 @@ def resolve_workers(value: str, config: ServerConfig) -> int:
     memory = available_memory()
     if text == "auto":
         cpus = cpu_limit()
-        wanted = min(cpus, AUTO_MAX_GPU_WORKERS if uses_gpu(config.runtime.device) else AUTO_MAX_WORKERS)
+        gpu = uses_gpu(config.runtime.device)
+        wanted = min(cpus, AUTO_MAX_GPU_WORKERS if gpu else AUTO_MAX_WORKERS)
         if memory is not None:
             wanted = min(wanted, memory // per_worker)
         return max(1, wanted)
@@ -332,7 +333,9 @@ class Supervisor:
             if self._stopping is not None and time.monotonic() > self._stop_deadline:
                 for w in self.workers:
                     if w.process is not None and w.process.is_alive():
-                        logger.warning("worker %d (pid %d): not stopped in time: killing", w.index, w.pid)  # fmt: skip
+                        logger.warning(
+                            "worker %d (pid %d): killed, not stopped in time", w.index, w.pid
+                        )
                         w.process.kill()
                 self._stop_deadline = float("inf")
 
@@ -401,10 +404,8 @@ class Supervisor:
 
     def _send(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         if worker.conn is not None:
-            try:
+            with contextlib.suppress(OSError):  # it is dying: its sentinel tells
                 worker.conn.send(message)
-            except OSError:
-                pass  # it is dying: its sentinel tells
 
     def _state(self, worker: _Worker, state: str) -> None:
         if state == worker.state:
@@ -435,9 +436,7 @@ class Supervisor:
             if self.on_ready is not None:
                 self.on_ready(self)
 
-    def _relay(
-        self, origin: _Worker, ident: int, op: str, name: str, version: int | None
-    ) -> None:
+    def _relay(self, origin: _Worker, ident: int, op: str, name: str, version: int | None) -> None:
         if op != "reload":
             self.admin_log.append((op, name, version))
             origin.seen += 1
@@ -494,7 +493,7 @@ class Supervisor:
             self._set_count()
             return
         if not self._started:
-            logger.error("worker %d (pid %d): exited with %s while starting", worker.index, worker.pid, how)  # fmt: skip
+            logger.error("worker %d (pid %d): exited with %s", worker.index, worker.pid, how)
             self._fatal = SupervisorError(
                 worker.failure or f"worker {worker.index} exited with {how} before it was ready",
                 2 if worker.failure else 1,
@@ -518,7 +517,8 @@ class Supervisor:
         delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**worker.deaths_in_a_row)
         worker.deaths_in_a_row += 1
         worker.restart_at = now + delay
-        self._state(worker, f"died with {how}{': ' + worker.failure if worker.failure else ''}; restarting in {delay:.1f}s")  # fmt: skip
+        said = f": {worker.failure}" if worker.failure else ""
+        self._state(worker, f"died with {how}{said}; restarting in {delay:.1f}s")
         worker.pid = 0
         self._set_count()
 

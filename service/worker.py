@@ -20,6 +20,7 @@ the caller, and the supervisor keeps the list to replay to a worker it restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -89,10 +90,8 @@ class WorkerLink:
         self._stop: Any = None
 
     def send(self, message: tuple[Any, ...]) -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # the supervisor is gone: reader notices
             self._conn.send(message)
-        except (OSError, ValueError):  # the supervisor is gone: the reader will notice
-            pass
 
     def attach(self, server: Server, stop: Any) -> None:
         """Hook into `server` before it starts; `stop()` drains it (the supervisor is gone)."""
