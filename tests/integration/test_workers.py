@@ -378,3 +378,20 @@ def test_more_workers_than_memory_holds_is_one_line(
     monkeypatch.setenv("TEXTSERVE_WORKERS", "0")
     assert cli.main(["serve", "--repository", str(repository)]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+
+
+def test_workers_stop_when_the_supervisor_is_killed(repository: Path) -> None:
+    with serve_subprocess(repository, "--workers", "2") as server:
+        pids = worker_pids(server.process.pid)
+        assert len(pids) == 2
+        server.process.kill()  # SIGKILL: no forwarding; the workers see their pipe close
+        server.process.wait(timeout=30)
+
+        def gone(pid: int) -> bool:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    return f.read().rpartition(b")")[2].split()[0] == b"Z"
+            except OSError:
+                return True
+
+        poll(lambda: all(gone(pid) for pid in pids), "the orphaned workers to drain and exit")
