@@ -51,9 +51,10 @@ CRASH_LIMIT = 5  # worker deaths within CRASH_WINDOW seconds that stop the serve
 CRASH_WINDOW = 60.0
 BACKOFF_FIRST = 0.5  # seconds before restarting a worker that died; doubles per death in a row
 BACKOFF_MAX = 10.0
-# What a worker holds besides its models (measured: RSS of a worker serving the tiny model
-# ~190 MiB: the interpreter, grpc, onnxruntime, tokenizers, numpy) and, per model, a multiple
-# of model.onnx (the weights in the session, the optimized graph, the arena).
+# What a worker holds besides its models (measured: a worker serving the tiny test model has
+# ~100 MiB resident at rest: the interpreter, grpc, onnxruntime, tokenizers, numpy; twice that
+# leaves room for buffers under load) and, per model, a multiple of model.onnx (the weights in
+# the session, the optimized graph, the arena).
 WORKER_BASE_BYTES = 200 * 2**20
 MODEL_BYTES_FACTOR = 3
 AUTO_MAX_WORKERS = 8  # auto on CPU: one worker per CPU up to this many
