@@ -108,6 +108,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--warmup", type=float, default=1.0, help="seconds per step (1)")
     load.add_argument("--duration", type=float, default=5.0, help="measured seconds per step (5)")
     load.add_argument("--timeout", type=float, default=10.0, help="per request, seconds (10)")
+    load.add_argument(
+        "--workers",
+        default="auto",
+        help="`serve --workers` counts compared side by side, e.g. 1,2; auto: 1 and the "
+        "server's auto count (skipped on one CPU); off: none (auto)",
+    )
+    load.add_argument(
+        "--workers-concurrency",
+        type=_ints,
+        default=(64, 128),
+        help="closed-loop callers of that comparison (default: 64,128)",
+    )
+    load.add_argument(
+        "--connections",
+        type=int,
+        default=0,
+        help="connections of the comparison, the same for every count (0: 2 per worker)",
+    )
     extra = parser.add_argument_group("ceilings and checks")
     extra.add_argument(
         "--batching-off-concurrency",
@@ -142,6 +160,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
+def _workers(value: str) -> tuple[int, ...]:
+    if value.strip().lower() == "off":
+        return ()
+    if value.strip().lower() == "auto":
+        from textserve.service.supervisor import AUTO_MAX_WORKERS, cpu_limit
+
+        auto = min(cpu_limit(), AUTO_MAX_WORKERS)
+        return (1, auto) if auto > 1 else ()
+    try:
+        return _ints(value)
+    except argparse.ArgumentTypeError as exc:
+        raise CliError(f"--workers: {exc}; or auto, off") from None
+
+
 def build_config(args: argparse.Namespace) -> object:
     from textserve.bench.runner import BenchConfig
 
@@ -153,6 +185,8 @@ def build_config(args: argparse.Namespace) -> object:
         raise CliError("--duration and --timeout must be positive, --warmup 0 or more")
     if args.intra_op_threads < 0 or args.batching_off_concurrency < 0:
         raise CliError("--intra-op-threads and --batching-off-concurrency must be 0 or more")
+    if args.connections < 0:
+        raise CliError("--connections must be 0 (2 per worker) or more")
     return BenchConfig(
         repository=args.repository,
         model=args.model,
@@ -177,6 +211,9 @@ def build_config(args: argparse.Namespace) -> object:
         intra_op_threads=args.intra_op_threads,
         server_args=tuple(shlex.split(args.server_args)),
         seed=args.seed,
+        workers=_workers(args.workers),
+        workers_concurrency=args.workers_concurrency,
+        connections=args.connections,
     )
 
 

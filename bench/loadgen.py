@@ -1,5 +1,7 @@
 """The load generator: closed loop (N callers, each waits for its answer) and open loop (Poisson
-arrivals at a fixed rate), many coroutines over one grpc.aio channel in this process.
+arrivals at a fixed rate), many coroutines over grpc.aio channels in this process: one by
+default, `connections=N` for a server of N worker processes (the kernel hands each worker
+whole connections, so one connection would load one worker).
 
     raw = asyncio.run(closed_loop("127.0.0.1:50051", pool, concurrency=64, warmup=1, duration=5))
 
@@ -12,9 +14,10 @@ counts against the server rather than vanishing (no coordinated omission).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -30,6 +33,26 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
+
+
+@contextlib.asynccontextmanager
+async def _calls(target: str, method: str, connections: int) -> AsyncIterator[list[Any]]:
+    """One bytes-in, bytes-out call object per connection (its own channel and connection)."""
+    if connections < 1:
+        raise ValueError(f"connections must be at least 1, got {connections}")
+    options = [CHANNEL_OPTIONS]
+    if connections > 1:
+        options = [
+            [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1), ("bench.connection", i)]
+            for i in range(connections)
+        ]
+    channels = [grpc.aio.insecure_channel(target, options=o) for o in options]
+    try:
+        await asyncio.gather(*(c.channel_ready() for c in channels))
+        # no (de)serialization: requests are serialized ahead, answers not parsed
+        yield [c.unary_unary(method) for c in channels]
+    finally:
+        await asyncio.gather(*(c.close() for c in channels))
 
 
 def poisson_arrivals(rate: float, duration: float, rng: np.random.Generator) -> np.ndarray:
@@ -84,9 +107,11 @@ async def closed_loop(
     duration: float,
     timeout: float = 10.0,
     probe: Probe | None = None,
+    connections: int = 1,
 ) -> tuple[RawStep, list[Any]]:
-    """`concurrency` callers, each sending its next request as soon as the last is answered.
-    Counts the requests that complete inside the window; returns the step and probe samples."""
+    """`concurrency` callers, each sending its next request as soon as the last is answered
+    (caller i over connection i mod `connections`). Counts the requests that complete inside
+    the window; returns the step and probe samples."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     payloads = pool.payloads
@@ -96,14 +121,12 @@ async def closed_loop(
     latencies = raw.latencies
     errors = raw.errors
     counter = itertools.count()
-    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-        await channel.channel_ready()
-        call = channel.unary_unary(pool.method)  # bytes in, bytes out: no (de)serialization
+    async with _calls(target, pool.method, connections) as calls:
         window = _Window(warmup, duration, probe)
         start, end = window.start, window.end
         clock = time.perf_counter
 
-        async def caller() -> None:
+        async def caller(call: Any) -> None:
             while True:
                 sent = clock()
                 if sent >= end:
@@ -122,7 +145,7 @@ async def closed_loop(
                         errors[code] += 1
 
         watcher = asyncio.create_task(window.watch())
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        await asyncio.gather(*(caller(calls[i % len(calls)]) for i in range(concurrency)))
         await watcher
     raw.texts = len(latencies) * per_request
     raw.requests_done = len(latencies)
@@ -142,6 +165,7 @@ async def open_loop(
     max_in_flight: int = 20000,
     seed: int = 0,
     probe: Probe | None = None,
+    connections: int = 1,
 ) -> tuple[RawStep, list[Any]]:
     """Requests arriving as a Poisson process of `rate` requests/s, whatever the server does.
 
@@ -157,9 +181,8 @@ async def open_loop(
     errors = raw.errors
     done_in_window = 0
     in_flight = 0
-    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-        await channel.channel_ready()
-        call = channel.unary_unary(pool.method)
+    async with _calls(target, pool.method, connections) as calls:
+        next_call = itertools.cycle(calls).__next__
         window = _Window(warmup, duration, probe)
         start, end, t0 = window.start, window.end, window.t0
         clock = time.perf_counter
@@ -167,7 +190,7 @@ async def open_loop(
         async def send(payload: bytes, scheduled: float) -> None:
             nonlocal done_in_window, in_flight
             try:
-                await call(payload, timeout=timeout)
+                await next_call()(payload, timeout=timeout)
                 code = None
             except grpc.aio.AioRpcError as exc:
                 code = exc.code().name

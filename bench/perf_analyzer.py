@@ -247,7 +247,8 @@ def local_server(
 
     command = [
         *(sys.executable, "-m", "textserve.cli", "serve", "--repository", str(repository)),
-        *("--model", model, "--listen", "127.0.0.1:0", "--metrics-port", "off", *extra),
+        *("--model", model, "--listen", "127.0.0.1:0", "--metrics-port", "off"),
+        *("--workers", "1", *extra),  # one process unless `extra` says --workers N
     ]
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)

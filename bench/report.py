@@ -22,6 +22,7 @@ TARGET_P99_MS_AT_128 = 150.0
 TARGET_BATCHING_GAIN_AT_64 = 3.0
 TARGET_HALF_LOAD_P99_OVER_P50 = 3.0
 TARGET_EFFICIENCY = {"1": 0.8, "16": 0.9}
+TARGET_WORKERS_GAIN = 1.25  # issue 15: --workers 2 on 2 cores at 128 callers
 # the single-step servers in the plot: marker, colour
 MARKERS = {"batching-off": ("x", "black"), "trivial": ("^", "grey"), "echo": ("s", "purple")}
 
@@ -108,6 +109,24 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 limit,
             )
         )
+    workers = results.get("workers") or {}
+    counts = workers.get("counts", [])
+    if len(counts) > 1:  # issue 15: the most workers against the first count (1)
+        w = workers.get(str(counts[-1])) or {}
+        name = (
+            f"--workers {counts[-1]} / {counts[0]} throughput at {workers['concurrency']} callers"
+        )
+        targets.append(_target(name, w.get("throughput_ratio"), ">=", TARGET_WORKERS_GAIN, "x"))
+        p99 = w.get("p99_ms")
+        targets.append(
+            _target(
+                f"--workers {counts[-1]} p99 / --workers {counts[0]} p99",
+                p99[1] / p99[0] if p99 and p99[0] else None,
+                "<=",
+                1.0,
+                "x",
+            )
+        )
     check = results.get("loadgen_check") or {}
     targets.append(
         _target(
@@ -134,11 +153,12 @@ def format_table(results: dict[str, Any]) -> str:
     header = (
         f"{'server':<13}{'load':<15}{'texts/req':>9}{'texts/s':>9}{'req/s':>8}"
         f"{'p50':>8}{'p90':>8}{'p95':>8}{'p99':>8}{'max':>8}{'errors':>8}"
-        f"{'batch':>7}{'pad':>6}{'srv cpu':>8}{'ms/text':>8}{'lg cpu':>7}{'other':>6}"
+        f"{'batch':>7}{'pad':>6}{'srv cpu':>8}{'ms/text':>8}{'lg cpu':>7}{'other':>6}{'busy':>6}"
     )
     lines = [
         "latency in ms; cpu = share of all cores (srv: the server, lg: the load generator, "
-        "other: every other process); ms/text = server CPU time per text",
+        "other: every other process, busy: the whole machine); ms/text = server CPU time per "
+        "text; workers-N: `serve --workers N` over the same connections",
         header,
     ]
     for s in results.get("steps", []):
@@ -157,7 +177,21 @@ def format_table(results: dict[str, Any]) -> str:
             + f"{errors:>8}{_fmt(srv.get('mean_batch_size')):>7}"
             f"{_fmt(srv.get('padding_ratio'), 2):>6}{_fmt(srv.get('cpu_share'), 2):>8}"
             f"{_fmt(srv.get('cpu_per_text_ms'), 3):>8}{_fmt(s['loadgen']['cpu_share'], 2):>7}"
-            f"{_fmt(s.get('others_cpu_share'), 2):>6}"
+            f"{_fmt(s.get('others_cpu_share'), 2):>6}{_fmt(s.get('machine_cpu_share'), 2):>6}"
+        )
+    workers = results.get("workers") or {}
+    for count in workers.get("counts", [])[1:]:
+        w = workers.get(str(count))
+        if w is None:
+            continue
+        first = workers["counts"][0]
+        lines.append(
+            f"--workers {count} vs {first} (c={workers['concurrency']}, "
+            f"{workers['connections']} connections): {w['throughput_ratio']:.2f}x the "
+            f"throughput, p99 {_fmt(w['p99_ms'][0])} -> {_fmt(w['p99_ms'][1])} ms, server CPU "
+            f"{_fmt(w['server_cpu_share'][0], 2)} -> {_fmt(w['server_cpu_share'][1], 2)}, "
+            f"machine busy {_fmt(w['machine_cpu_share'][0], 2)} -> "
+            f"{_fmt(w['machine_cpu_share'][1], 2)}"
         )
     ceilings = results.get("ceilings") or {}
     if ceilings.get("skipped"):

@@ -63,6 +63,11 @@ class BenchConfig:
     intra_op_threads: int = 0  # server and in-process onnxruntime; 0: the usable CPUs
     server_args: tuple[str, ...] = ()  # more `textserve serve` flags
     seed: int = 0
+    # --workers side by side: a server per count, closed loop at workers_concurrency callers
+    # over `connections` connections (the same for every count; 0: 2 per worker of the largest)
+    workers: tuple[int, ...] = ()
+    workers_concurrency: tuple[int, ...] = (64, 128)
+    connections: int = 0
 
 
 class _Bench:
@@ -85,6 +90,7 @@ class _Bench:
         *,
         concurrency: int | None = None,
         rate: float | None = None,
+        connections: int = 1,
     ) -> dict[str, Any]:
         """One measured step (closed loop with `concurrency`, or open loop at `rate`)."""
         cfg = self.config
@@ -104,6 +110,7 @@ class _Bench:
                 loadgen.closed_loop(
                     server.address, pool, concurrency, warmup=cfg.warmup,
                     duration=cfg.duration, timeout=cfg.timeout, probe=probe,
+                    connections=connections,
                 )
             )  # fmt: skip
             mode = "closed"
@@ -112,7 +119,7 @@ class _Bench:
             raw, samples = asyncio.run(
                 loadgen.open_loop(
                     server.address, pool, rate, warmup=cfg.warmup, duration=cfg.duration,
-                    timeout=cfg.timeout, seed=cfg.seed, probe=probe,
+                    timeout=cfg.timeout, seed=cfg.seed, probe=probe, connections=connections,
                 )
             )  # fmt: skip
             mode = "open"
@@ -123,6 +130,7 @@ class _Bench:
             "concurrency": concurrency,
             "rate_requests_per_s": rate,
             "texts_per_request": pool.texts_per_request,
+            "connections": connections,
             **summarize(raw, self.cpus),
         }
         before, after = [*samples, None, None][:2]
@@ -150,7 +158,9 @@ class _Bench:
         if cfg.server is not None:
             yield BenchServer(cfg.server, cfg.metrics_url, None, [])
             return
-        args = ["--intra-op-threads", str(cfg.intra_op_threads), *cfg.server_args, *extra]
+        # one process unless --server-args or `extra` say otherwise (the last --workers wins)
+        args = ["--workers", "1", "--intra-op-threads", str(cfg.intra_op_threads)]
+        args += [*cfg.server_args, *extra]
         with start_server(repository, model, args) as server:
             self.log(f"server: {' '.join(server.command[2:])} (pid {server.pid})")
             yield server
@@ -223,6 +233,9 @@ def run_benchmark(config: BenchConfig, log: Log = print) -> dict[str, Any]:
                 concurrency=cfg.batching_off_concurrency,
             )  # fmt: skip
 
+    # 2b. --workers side by side: the same load over the same connections, one server per count
+    workers = _workers_steps(bench, main_pool) if cfg.workers and cfg.server is None else {}
+
     # 3. load generator headroom: a server whose model costs next to nothing
     loadgen_check: dict[str, Any] = {}
     if cfg.loadgen_check and cfg.server is None and version_dir is not None and peak is not None:
@@ -242,10 +255,48 @@ def run_benchmark(config: BenchConfig, log: Log = print) -> dict[str, Any]:
         "loadgen_check": loadgen_check,
         "ceilings": ceiling_results,
         "efficiency": _efficiency(bench.steps, ceiling_results),
+        "workers": workers,
         "duration_s": time.time() - started,
     }
     results["targets"] = evaluate_targets(results)
     return results
+
+
+def _workers_steps(bench: _Bench, pool: RequestPool) -> dict[str, Any]:
+    """`textserve serve --workers N` for each N of the config, at the same callers over the
+    same connections; returns the comparison at the largest concurrency (N vs the first)."""
+    cfg = bench.config
+    counts = list(dict.fromkeys(cfg.workers))
+    connections = cfg.connections or 2 * max(counts)
+    # --intra-op-threads 0 (the default): each worker takes its share of the CPUs
+    for count in counts:
+        with bench.server(cfg.repository, cfg.model, ["--workers", str(count)]) as server:
+            for concurrency in cfg.workers_concurrency:
+                bench.step(
+                    server, f"workers-{count}", pool, cfg.model,
+                    concurrency=concurrency, connections=connections,
+                )  # fmt: skip
+    top = max(cfg.workers_concurrency)
+    by_count = {
+        s["server"]: s
+        for s in bench.steps
+        if s["server"].startswith("workers-") and s["concurrency"] == top
+    }
+    base = by_count.get(f"workers-{counts[0]}")
+    out: dict[str, Any] = {"counts": counts, "connections": connections, "concurrency": top}
+    for count in counts[1:]:
+        step = by_count.get(f"workers-{count}")
+        if base is None or step is None or not base["throughput_texts_per_s"]:
+            continue
+        out[str(count)] = {
+            "throughput_ratio": step["throughput_texts_per_s"] / base["throughput_texts_per_s"],
+            "p99_ms": [base["latency_ms"]["p99"], step["latency_ms"]["p99"]],
+            "server_cpu_share": [
+                (s.get("server_metrics") or {}).get("cpu_share") for s in (base, step)
+            ],
+            "machine_cpu_share": [base["machine_cpu_share"], step["machine_cpu_share"]],
+        }
+    return out
 
 
 def _loadgen_check(

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 from pathlib import Path
+from typing import Any
 
 from textserve.cli import CliError, env_flag, env_switch
 from textserve.service.config import DEVICES, BatcherConfig, RuntimeConfig, ServerConfig
@@ -52,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     flag("model", None, "the default model (default: the only model in the repository)")
     flag("listen", server.listen, "gRPC address HOST:PORT; port 0 picks a free one")
+    flag(
+        "workers",
+        "auto",
+        "server processes sharing the port (SO_REUSEPORT), each with its share of the CPUs; "
+        "auto: one per usable CPU up to 8 on CPU, up to 4 with CUDA, as many as the memory "
+        "holds; 1: a single process, no supervisor",
+    )
     flag(
         "device",
         runtime.device,
@@ -213,11 +222,16 @@ def run(args: argparse.Namespace) -> int:
     from textserve.service.config import ConfigError
     from textserve.service.engine.runtime import DeviceUnavailableError
     from textserve.service.repository.core import LoadError
-    from textserve.service.server import Server, serve
+    from textserve.service.server import serve
+    from textserve.service.supervisor import SupervisorError, resolve_workers, serve_workers
 
     config = build_config(args)
+    try:
+        workers = resolve_workers(str(args.workers), config)
+    except SupervisorError as exc:
+        raise CliError(str(exc)) from None
 
-    def ready(server: Server) -> None:
+    def ready(server: Any) -> None:
         print(
             f"textserve is serving on {server.address} (metrics: "
             + (
@@ -231,6 +245,13 @@ def run(args: argparse.Namespace) -> int:
         )
 
     try:
+        if workers > 1:
+            return serve_workers(config, workers, str(args.log_level), on_ready=ready)
         return asyncio.run(serve(config, on_ready=ready))
+    except SupervisorError as exc:
+        if exc.status != 2:
+            print(f"textserve serve: error: {exc}", file=sys.stderr)
+            return exc.status
+        raise CliError(str(exc)) from None
     except (LoadError, DeviceUnavailableError, OSError, ConfigError) as exc:
         raise CliError(str(exc)) from None

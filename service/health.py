@@ -9,13 +9,24 @@ from grpc_health.v1._async import HealthServicer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# The initial metadata key of a Check answer naming the worker of `--workers N` that gave it
+# ("INDEX/PID"): which process a connection landed on, for tests and for operators.
+WORKER_KEY = "textserve-worker"
 
 
 class DrainingHealthServicer(HealthServicer):
     """grpc.health.v1 as grpc_health's servicer, except that a Watch stream ends once the server
     drains: the watcher gets NOT_SERVING, then the stream closes with OK. With the stock
     servicer an open Watch (a load balancer's or a sidecar's) is an RPC in flight that holds
-    `server.stop(grace)` until the grace period runs out and is then cancelled."""
+    `server.stop(grace)` until the grace period runs out and is then cancelled.
+    With --workers, Check answers carry the worker in initial metadata (WORKER_KEY)."""
+
+    worker: str | None = None  # "INDEX/PID" of this worker process; None: a single process
+
+    async def Check(self, request: health_pb2.HealthCheckRequest, context: Any) -> Any:
+        if self.worker is not None:
+            await context.send_initial_metadata(((WORKER_KEY, self.worker),))
+        return await super().Check(request, context)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
         condition = self._server_watchers[request.service]

@@ -21,6 +21,7 @@ model names the server loaded: a request naming an unknown model is counted unde
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from prometheus_client import (
     make_wsgi_app,
 )
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -57,8 +59,11 @@ __all__ = [
     "WARMING",
     "Metrics",
     "MetricsServer",
+    "SupervisorMetrics",
+    "multiprocess",
     "padding_ratio",
     "reason_for_code",
+    "server_registry",
     "start_metrics_server",
 ]
 
@@ -205,6 +210,92 @@ def _default_registry() -> CollectorRegistry:
     return registry
 
 
+def multiprocess() -> bool:
+    """Whether this process writes its metrics to prometheus-client's multiprocess files
+    (PROMETHEUS_MULTIPROC_DIR: a worker of `textserve serve --workers N`, and its supervisor)."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class _ServedOnly:
+    """prometheus-client's MultiProcessCollector (every worker's files, each metric aggregated
+    as its type or `multiprocess_mode` says), less the textserve_model_info samples at 0: a
+    version a worker retired (the files cannot forget a series)."""
+
+    def __init__(self, path: str) -> None:
+        self._collector = MultiProcessCollector(None, path)
+
+    def collect(self) -> Any:
+        for family in self._collector.collect():
+            if family.name == "textserve_model_info":
+                family.samples = [s for s in family.samples if s.value != 0]
+            yield family
+
+
+class _ServerProcesses:
+    """process_cpu_seconds_total and process_resident_memory_bytes of the whole server: this
+    process (the supervisor), its live workers (from /proc) and, for CPU, the workers that
+    already exited (os.times' children). prometheus-client's process metrics cover one
+    process only and have no multiprocess mode; dashboards and `textserve bench` read these."""
+
+    def __init__(self, workers: Any) -> None:
+        self._workers = workers  # () -> the pids of the live workers
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._page = os.sysconf("SC_PAGESIZE")
+
+    def _stat(self, pid: int | str) -> tuple[float, float]:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            return 0.0, 0.0
+        # after the command: state is field 3, utime 14, stime 15, rss 24 (man proc)
+        return (int(fields[11]) + int(fields[12])) / self._tick, float(int(fields[21]) * self._page)
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        times = os.times()
+        cpu = times.user + times.system + times.children_user + times.children_system
+        _, rss = self._stat("self")
+        for pid in self._workers():
+            worker_cpu, worker_rss = self._stat(pid)
+            cpu += worker_cpu
+            rss += worker_rss
+        yield CounterMetricFamily(
+            "process_cpu_seconds", "CPU seconds of the server: supervisor and workers", cpu
+        )
+        yield GaugeMetricFamily(
+            "process_resident_memory_bytes",
+            "Resident memory of the server: supervisor and live workers",
+            rss,
+        )
+
+
+class SupervisorMetrics:
+    """The series of the supervisor of `--workers N` itself, on its /metrics registry (an
+    ordinary, in-memory one: the supervisor writes no multiprocess files)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.worker_restarts = Counter(
+            "textserve_worker_restarts",
+            "Worker processes the supervisor restarted after they died",
+            registry=registry,
+        )
+        self.workers = Gauge(
+            "textserve_workers", "Worker processes running (any state)", registry=registry
+        )
+
+
+def server_registry(path: str, workers: Any) -> CollectorRegistry:
+    """The registry of the supervisor's /metrics (`--workers N`): every worker's metrics from
+    the multiprocess files in `path`, and the server's CPU and memory (`workers()`: the pids of
+    the live workers)."""
+    registry = CollectorRegistry()
+    registry.register(_ServedOnly(path))
+    registry.register(_ServerProcesses(workers))
+    return registry
+
+
 class Metrics:
     """The server's metrics on one registry (a fresh one with process metrics by default)."""
 
@@ -265,12 +356,14 @@ class Metrics:
             "Items waiting in the model's batching queue",
             ["model"],
             registry=r,
+            multiprocess_mode="livesum",  # --workers: the server's queue is every worker's
         )
         self.inflight_texts = Gauge(
             "textserve_inflight_texts",
             "Texts accepted and not yet answered (queued or running): the autoscaling signal",
             ["model"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.requests = Counter(
             "textserve_requests",
@@ -289,6 +382,9 @@ class Metrics:
             "1 for the version of each model being served, with its execution provider",
             ["model", "version", "provider"],
             registry=r,
+            # --workers: 1 per version any live worker serves (a retired one is 0, dropped at
+            # the scrape: server_registry), a dead worker's series go with it
+            multiprocess_mode="livemax",
         )
         self.model_load_failures = Counter(
             "textserve_model_load_failures",
@@ -339,15 +435,23 @@ class Metrics:
             previous = self._info.get(model)
             self._info[model] = (version, provider)
         if previous is not None and previous != (version, provider):
-            self.model_info.remove(model, *previous)
+            self._drop_info(model, *previous)
         self.model_info.labels(model, version, provider).set(1)
+
+    def _drop_info(self, model: str, version: str, provider: str) -> None:
+        if multiprocess():
+            # prometheus-client cannot remove a series from its files: 0 means "not served",
+            # and the supervisor's /metrics leaves such samples out (server_registry)
+            self.model_info.labels(model, version, provider).set(0)
+        else:
+            self.model_info.remove(model, version, provider)
 
     def clear_model_info(self, model: str) -> None:
         """No version of ``model`` is served any more: drop its textserve_model_info series."""
         with self._lock:
             previous = self._info.pop(model, None)
         if previous is not None:
-            self.model_info.remove(model, *previous)
+            self._drop_info(model, *previous)
 
     def model_label(self, model: str) -> str:
         """``model`` if the server initialised it, else UNKNOWN_MODEL (never user text)."""

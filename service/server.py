@@ -12,7 +12,8 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -35,6 +36,9 @@ from textserve.service.servicers.context import Register, ServingContext
 from textserve.service.servicers.interceptors import DecodeGuard, auth_interceptors
 from textserve.service.tuning import tune_for_serving
 from textserve.v1 import admin_pb2
+
+if TYPE_CHECKING:
+    from textserve.service.worker import WorkerLink
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,10 @@ class Server:
         self.metrics_server: MetricsServer | None = None
         self.metrics_port: int | None = None
         self._stopping = False
+        # --workers: awaited once the models are warm, before SERVING (the supervisor says when
+        # every worker is warm); told each readiness state (the supervisor's /readyz)
+        self.before_serving: Callable[[], Awaitable[None]] | None = None
+        self.on_readiness: Callable[[str], None] | None = None
 
     @property
     def address(self) -> str:
@@ -94,6 +102,8 @@ class Server:
             )
         try:
             await self.repository.load_all()
+            if self.before_serving is not None:
+                await self.before_serving()
         except BaseException:
             await self._close(grace=0)
             raise
@@ -116,8 +126,12 @@ class Server:
 
     def _set_readiness(self, state: str) -> None:
         """What the metrics port's /readyz says: the state grpc.health.v1 reports for ""."""
-        if self.metrics_server is not None and not (self._stopping and state != DRAINING):
+        if self._stopping and state != DRAINING:
+            return
+        if self.metrics_server is not None:
             self.metrics_server.set_state(state)
+        if self.on_readiness is not None:
+            self.on_readiness(state)
 
     async def _set_health(self, status: int, *, but: str | None = None) -> None:
         """`status` for the server ("") and every service it registered, except `but`."""
@@ -153,10 +167,13 @@ def create_server(
     *,
     metrics: Metrics | None = None,
     extra_services: Sequence[Register] = (),
+    reuse_port: bool = False,
 ) -> tuple[Server, int]:
     """Build the server and bind its port; call inside the event loop that will run it.
 
     `extra_services` are register functions added after those of SERVICES (tests, plugins).
+    `reuse_port`: share the port with the other workers of `--workers N` (SO_REUSEPORT; the
+    supervisor holds it, so that another program on it is still an error).
     """
     metrics = metrics or Metrics()
     repository = ModelRepository(config, metrics)
@@ -168,7 +185,8 @@ def create_server(
             # A larger request gets RESOURCE_EXHAUSTED from grpc before it is read whole.
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared listener
+            # one process: a port in use is an error, not a shared listener
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
     )
     names: list[str] = []
@@ -187,9 +205,15 @@ def create_server(
     return Server(config, grpc_server, port, ctx, health, names), port
 
 
-async def serve(config: ServerConfig, on_ready: Callable[[Server], None] | None = None) -> int:
-    """The life of `textserve serve`: start, serve until SIGTERM/SIGINT, drain, exit status."""
-    server, _ = create_server(config)
+async def serve(
+    config: ServerConfig,
+    on_ready: Callable[[Server], None] | None = None,
+    *,
+    worker: WorkerLink | None = None,
+) -> int:
+    """The life of `textserve serve`: start, serve until SIGTERM/SIGINT, drain, exit status.
+    `worker`: this process is one worker of `--workers N`, linked to its supervisor."""
+    server, _ = create_server(config, reuse_port=worker is not None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # SIGTERM: what orchestrators (Kubernetes, systemd, docker stop) send to ask for a drain.
@@ -209,6 +233,8 @@ async def serve(config: ServerConfig, on_ready: Callable[[Server], None] | None 
     forced_by: list[int] = []
     for sig in signals:
         loop.add_signal_handler(sig, on_signal, sig)
+    if worker is not None:  # the supervisor went away: drain as on SIGTERM
+        worker.attach(server, lambda: on_signal(signal.SIGTERM))
     try:
         start = asyncio.create_task(server.start())
         stopped = asyncio.create_task(stop.wait())

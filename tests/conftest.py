@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# `textserve serve` defaults to --workers auto (several processes on a multi-core machine);
+# tests that start servers get one process unless they ask for workers (tests/integration/
+# test_workers.py), so their signals, exit statuses and in-process errors stay a single
+# process's.
+os.environ.setdefault("TEXTSERVE_WORKERS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,12 @@
         admin.unload_model("default", 4)        # roll back: retire 4, the policy picks again
         admin.reload_repository()               # scan now instead of at the next poll
 
+Several connections (`connections=N`): a server run with `--workers N` is N processes behind
+one port, and the kernel spreads *connections* over them, not requests; one channel is one
+connection, so a client that should use every worker opens several and takes them in turn::
+
+    Client("127.0.0.1:50051", connections=4)
+
 TLS, mutual TLS and bearer tokens (see textserve.connect)::
 
     Client("host:50051", ca="ca.pem", cert="client.pem", key="client.key", token="...")
@@ -24,6 +30,7 @@ why) or UNIMPLEMENTED (the server runs without --enable-admin).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +49,20 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
+
+
+def connection_options(index: int, connections: int) -> list[tuple[str, Any]]:
+    """Channel options that make channel `index` of `connections` its own connection: gRPC
+    shares one connection between channels with equal arguments (the global subchannel
+    pool), so each gets a local pool and an argument of its own."""
+    if connections == 1:
+        return list(_OPTIONS)
+    return [*_OPTIONS, ("grpc.use_local_subchannel_pool", 1), ("textserve.connection", index)]
+
+
+def _check_connections(connections: int) -> None:
+    if not isinstance(connections, int) or connections < 1:
+        raise ValueError(f"connections must be a positive integer, got {connections!r}")
 
 
 class ClientError(Exception):
@@ -192,16 +213,30 @@ class Client(BlockingClient):
         key: str | Path | None = None,
         server_name: str | None = None,
         token: str | None = None,
+        connections: int = 1,
     ) -> None:
         """TLS when `tls` or `ca` (PEM CA bundle; None: the system's roots) is given; `cert` and
         `key`: a client certificate for mutual TLS; `server_name`: the name to check the
         server's certificate against, if not the target's host; `token`: sent as
-        `authorization: Bearer <token>` with every call."""
-        channel = open_channel(
-            target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name, options=_OPTIONS
-        )
-        super().__init__(target, channel, timeout=timeout, token=token)
+        `authorization: Bearer <token>` with every call; `connections`: channels (each its own
+        connection) that classify calls take in turn, so that every worker of a
+        `--workers N` server gets some."""
+        _check_connections(connections)
+        self._channels = [
+            open_channel(
+                target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name,
+                options=connection_options(i, connections),
+            )
+            for i in range(connections)
+        ]  # fmt: skip
+        super().__init__(target, self._channels[0], timeout=timeout, token=token)
         self.stub = pb_grpc.ClassifierStub(self._channel)
+        self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
+        self._next = itertools.cycle(self._stubs).__next__  # thread-safe under the GIL
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
 
     def classify(
         self,
@@ -216,7 +251,7 @@ class Client(BlockingClient):
         timeout: float | None = None,
     ) -> ClassifyResult:
         request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
-        return to_result(self._call(self.stub.Classify, request, timeout))
+        return to_result(self._call(self._next().Classify, request, timeout))
 
     def list_models(self) -> pb.ListModelsResponse:
         return self._call(self.stub.ListModels, pb.ListModelsRequest())
@@ -241,22 +276,24 @@ class AsyncClient:
         key: str | Path | None = None,
         server_name: str | None = None,
         token: str | None = None,
+        connections: int = 1,
     ) -> None:
         """The same options as Client's."""
+        _check_connections(connections)
         self.target = target
         self.timeout = timeout
         self._metadata = bearer_metadata(token)
-        self._channel = open_channel(
-            target,
-            tls=tls,
-            ca=ca,
-            cert=cert,
-            key=key,
-            server_name=server_name,
-            options=_OPTIONS,
-            aio=True,
-        )
+        self._channels = [
+            open_channel(
+                target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name,
+                options=connection_options(i, connections), aio=True,
+            )
+            for i in range(connections)
+        ]  # fmt: skip
+        self._channel = self._channels[0]
         self.stub = pb_grpc.ClassifierStub(self._channel)
+        self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
+        self._next = itertools.cycle(self._stubs).__next__
 
     async def classify(
         self,
@@ -272,7 +309,7 @@ class AsyncClient:
     ) -> ClassifyResult:
         request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
         try:
-            response = await self.stub.Classify(
+            response = await self._next().Classify(
                 request, timeout=timeout or self.timeout, metadata=self._metadata
             )
         except grpc.RpcError as exc:
@@ -294,7 +331,8 @@ class AsyncClient:
             raise ClientError.from_rpc(exc) from None
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -72,8 +72,16 @@ def _target(name: str, version: int) -> tuple[str, int | None]:
 
 
 class AdminServicer(pb_grpc.AdminServicer):
-    def __init__(self, repository: ModelRepository) -> None:
+    def __init__(self, repository: ModelRepository, ctx: ServingContext | None = None) -> None:
         self._repository = repository
+        self._ctx = ctx
+
+    async def _relay(self, op: str, name: str, version: int | None) -> None:
+        """With --workers the call landed on one worker: the others apply it too before the
+        call returns (the supervisor relays it), so every connection sees the change."""
+        relay = self._ctx.relay if self._ctx is not None else None
+        if relay is not None:
+            await relay(op, name, version)
 
     @grpc_errors
     async def LoadModel(self, request: pb.LoadModelRequest, context: Any) -> pb.LoadModelResponse:
@@ -82,6 +90,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             "admin LoadModel %s version %s from %s", shown(name), version or "*", context.peer()
         )
         record, events = await self._repository.load_model(name, version)
+        await self._relay("load", name, version)
         return pb.LoadModelResponse(
             model=model_summary(record, self._repository.default_model),
             events=version_events(events),
@@ -96,6 +105,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             "admin UnloadModel %s version %s from %s", shown(name), version or "*", context.peer()
         )
         record, events = await self._repository.unload_model(name, version)
+        await self._relay("unload", name, version)
         return pb.UnloadModelResponse(
             model=model_summary(record, self._repository.default_model),
             events=version_events(events),
@@ -107,6 +117,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     ) -> pb.ReloadRepositoryResponse:
         logger.info("admin ReloadRepository from %s", context.peer())
         events = await self._repository.reconcile()
+        await self._relay("reload", "", None)
         default = self._repository.default_model
         return pb.ReloadRepositoryResponse(
             events=version_events(events),
@@ -118,5 +129,5 @@ def register(server: grpc.aio.Server, ctx: ServingContext) -> Sequence[str]:
     """Add the Admin service when the config enables it; returns the names it added."""
     if not ctx.config.enable_admin:
         return []
-    pb_grpc.add_AdminServicer_to_server(AdminServicer(ctx.repository), server)
+    pb_grpc.add_AdminServicer_to_server(AdminServicer(ctx.repository, ctx), server)
     return [SERVICE_NAME]

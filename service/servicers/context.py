@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -19,6 +19,9 @@ class ServingContext:
     config: ServerConfig
     repository: ModelRepository
     metrics: Metrics
+    # --workers: applies an admin change (op, model, version) on every other worker and returns
+    # when they all have (service/worker.py); None in a single process
+    relay: Callable[[str, str, int | None], Awaitable[None]] | None = None
 
 
 # register(server, ctx) -> the full names of the services it added (for health and reflection)

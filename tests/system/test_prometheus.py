@@ -6,6 +6,9 @@ server's metrics port and a 1 s scrape interval. Traffic flows for the whole tes
 rates and quantiles over the dashboard's window have samples. Then every PromQL expression of
 deploy/grafana/dashboards/textserve.json (and its template variables) must return a series
 with a finite value: a panel whose query names a wrong metric or label fails here.
+
+Twice: against one process, and against `textserve serve --workers 2` (the supervisor's one
+/metrics over both workers, prometheus-client's multiprocess mode).
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.serving import RunningServer, running_server
+from tests.serving import running_server, serve_subprocess
 from textserve.client import Client, ClientError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,21 +117,35 @@ class Prometheus:
             return False
 
 
+@dataclass
+class Served:
+    address: str
+    metrics_port: int
+    model: str
+    connections: int = 1  # what the traffic's client opens (one per worker and more)
+
+
+@pytest.fixture(scope="module", params=["one process", "2 workers"])
+def server(request: pytest.FixtureRequest, tiny_repository: Path) -> Iterator[Served]:
+    if request.param == "one process":
+        with running_server(tiny_repository, metrics_port=0, metrics_host="127.0.0.1") as running:
+            assert running.server.metrics_port
+            model = running.server.repository.default_model
+            assert model
+            yield Served(running.address, running.server.metrics_port, model)
+        return
+    with serve_subprocess(tiny_repository, "--workers", "2") as process:
+        assert process.metrics_url is not None
+        port = int(process.metrics_url.rsplit(":", 1)[1].split("/")[0])
+        yield Served(process.address, port, "tiny", connections=8)
+
+
+def served_model(server: Served) -> str:
+    return server.model
+
+
 @pytest.fixture(scope="module")
-def server(tiny_repository: Path) -> Iterator[RunningServer]:
-    with running_server(tiny_repository, metrics_port=0, metrics_host="127.0.0.1") as running:
-        assert running.server.metrics_port
-        yield running
-
-
-def served_model(server: RunningServer) -> str:
-    model = server.server.repository.default_model
-    assert model
-    return model
-
-
-@pytest.fixture(scope="module")
-def traffic(server: RunningServer) -> Iterator[None]:
+def traffic(server: Served) -> Iterator[None]:
     """Requests for the whole module: good ones, and now and then one that fails."""
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -135,7 +153,7 @@ def traffic(server: RunningServer) -> Iterator[None]:
     def send() -> None:
         texts = ["a gripping, beautifully acted film", "dull", "the plot is a mess and so on"]
         try:
-            with Client(server.address, timeout=10) as client:
+            with Client(server.address, timeout=10, connections=server.connections) as client:
                 for i in range(1_000_000):
                     if stop.is_set():
                         return
@@ -157,13 +175,11 @@ def traffic(server: RunningServer) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(
-    server: RunningServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Prometheus]:
+def prometheus(server: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     binary = prometheus_binary()
     root = tmp_path_factory.mktemp("prometheus")
     config = root / "prometheus.yml"
-    config.write_text(yaml.safe_dump(scrape_config(server.server.metrics_port or 0)))
+    config.write_text(yaml.safe_dump(scrape_config(server.metrics_port)))
     output = ""
     for _attempt in range(3):
         port = free_port()
@@ -232,7 +248,7 @@ def finite(result: list[dict[str, Any]]) -> bool:
 
 
 def test_prometheus_scrapes_the_server(
-    server: RunningServer, traffic: None, prometheus: Prometheus
+    server: Served, traffic: None, prometheus: Prometheus
 ) -> None:
     def target_up() -> bool:
         targets = prometheus.api("targets")["activeTargets"]
@@ -247,7 +263,7 @@ def test_prometheus_scrapes_the_server(
 
 
 def test_every_dashboard_query_returns_data(
-    server: RunningServer, traffic: None, prometheus: Prometheus
+    server: Served, traffic: None, prometheus: Prometheus
 ) -> None:
     queries = dashboard_queries()
     assert len(queries) >= 20  # every panel is covered, not just the first
@@ -267,7 +283,7 @@ def test_every_dashboard_query_returns_data(
 
 
 def test_errors_by_reason_show_the_failed_requests(
-    server: RunningServer, traffic: None, prometheus: Prometheus
+    server: Served, traffic: None, prometheus: Prometheus
 ) -> None:
     expr = fill(
         next(e for w, e in dashboard_queries() if "Errors by reason" in w), served_model(server)
@@ -282,7 +298,7 @@ def test_errors_by_reason_show_the_failed_requests(
     poll(invalid_argument_seen, "failed requests to show under reason invalid_argument")
 
 
-def test_a_wrong_query_would_fail(prometheus: Prometheus, server: RunningServer) -> None:
+def test_a_wrong_query_would_fail(prometheus: Prometheus, server: Served) -> None:
     """The check above can fail: a misspelt metric or label gives no data."""
     good = fill('sum by (method) (textserve_requests_total{model=~"$model"})', served_model(server))
     poll(lambda: prometheus.query(good), "the requests counter")

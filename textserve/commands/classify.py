@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from textserve import connect
@@ -33,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=int, default=256, help="texts per request (default: 256)"
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=4,
+        help="connections (one request in flight on each) for texts of several requests: a "
+        "server with --workers N takes connections, not requests, to its N processes (4)",
+    )
     connect.add_arguments(parser)
 
 
@@ -86,13 +94,26 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise CliError("--batch-size must be at least 1")
+    if args.connections < 1:
+        raise CliError(f"--connections must be at least 1, got {args.connections}")
     texts = read_texts(args)
     predictions = []
     model = version = None
+    requests = list(chunks(texts, args.batch_size))
+    connections = min(args.connections, len(requests)) or 1
     try:
-        with Client(args.server, timeout=args.timeout, **connect.client_options(args)) as client:
-            for chunk in chunks(texts, args.batch_size):
-                result = client.classify(
+        with (
+            Client(
+                args.server,
+                timeout=args.timeout,
+                connections=connections,
+                **connect.client_options(args),
+            ) as client,
+            ThreadPoolExecutor(connections) as pool,
+        ):
+
+            def classify(chunk: Sequence[str]) -> Any:
+                return client.classify(
                     chunk,
                     model=args.model,
                     version=args.version,
@@ -100,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
                     top_k=args.top_k,
                     all_scores=args.all_scores,
                 )
+
+            for result in pool.map(classify, requests):  # in order, `connections` at a time
                 model, version = result.model, result.version
                 predictions.extend(result.predictions)
     except ClientError as exc:

@@ -1,0 +1,564 @@
+"""`textserve serve --workers N`: a small supervisor and N worker processes on one port.
+
+Shaped after grpc's examples/python/multiprocessing/server.py and gunicorn's arbiter:
+
+- The supervisor reserves the port with a SO_REUSEPORT socket it binds and never listens on
+  (so another program on the port is still an error, and port 0 picks one), then starts the
+  workers (spawned: a fresh interpreter each, no gRPC or onnxruntime state forked, grpc issue
+  #16001). Each worker (service/worker.py) is a whole server serving that address with
+  `grpc.so_reuseport` on; the kernel spreads *connections* over them.
+- Readiness: every worker loads and warms its models, says "warm" and waits; when all are
+  warm the supervisor tells them to report SERVING (grpc.health.v1 is served by each worker,
+  the supervisor serves no gRPC). /readyz (the supervisor's) answers 200 only while every
+  worker serves.
+- SIGTERM/SIGINT are forwarded to every worker, which drains as a single server does; a
+  second signal is forwarded too (stop without grace). The supervisor exits when all have.
+- A worker that dies is restarted after a backoff (0.5 s doubling to 10 s;
+  textserve_worker_restarts_total); CRASH_LIMIT deaths within CRASH_WINDOW seconds stop the
+  server with status 1. A worker that fails before the server ever served stops it with the
+  worker's error (one line, status 2), as a single process would.
+- One /metrics: prometheus-client's multiprocess mode, a fresh PROMETHEUS_MULTIPROC_DIR
+  created here and removed at exit (metrics.server_registry).
+- Admin changes are relayed to every worker (service/worker.py says why) and replayed to a
+  worker that restarts.
+One log line per worker state change: "worker 2 (pid 123): warm".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from textserve.service.config import ServerConfig, usable_cpus
+from textserve.service.worker import AdminOp, WorkerSpec, worker_main
+
+logger = logging.getLogger(__name__)
+
+CRASH_LIMIT = 5  # worker deaths within CRASH_WINDOW seconds that stop the server
+CRASH_WINDOW = 60.0
+BACKOFF_FIRST = 0.5  # seconds before restarting a worker that died; doubles per death in a row
+BACKOFF_MAX = 10.0
+# What a worker holds besides its models (measured: a worker serving the tiny test model has
+# ~100 MiB resident at rest: the interpreter, grpc, onnxruntime, tokenizers, numpy; twice that
+# leaves room for buffers under load) and, per model, a multiple of model.onnx (the weights in
+# the session, the optimized graph, the arena).
+WORKER_BASE_BYTES = 200 * 2**20
+MODEL_BYTES_FACTOR = 3
+AUTO_MAX_WORKERS = 8  # auto on CPU: one worker per CPU up to this many
+AUTO_MAX_GPU_WORKERS = 4  # auto with CUDA: workers sharing one device
+
+
+class SupervisorError(Exception):
+    """The server could not start, or its workers kept dying: one line for the user."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- how many workers ---------------------------------------------------------------------------
+
+
+def cpu_limit() -> int:
+    """CPUs this process may use: its affinity, and a cgroup v2 quota (a container's CPU
+    limit, e.g. Kubernetes resources.limits.cpu) rounded up."""
+    cpus = usable_cpus()
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    return cpus
+
+
+def available_memory() -> int | None:
+    """Bytes of memory free for new processes: MemAvailable, within a cgroup v2 limit."""
+    available: int | None = None
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            free = max(0, int(limit) - used)
+            available = free if available is None else min(available, free)
+    return available
+
+
+def worker_memory(repository: Path) -> int:
+    """An estimate of one worker's memory: a base and a multiple of the model files it will
+    load (the newest version of each model: what the default policy serves)."""
+    total = WORKER_BASE_BYTES
+    with contextlib.suppress(OSError):
+        for model in Path(repository).iterdir():
+            versions = [v for v in model.iterdir() if v.name.isdigit()] if model.is_dir() else []
+            if versions:
+                newest = max(versions, key=lambda v: int(v.name))
+                onnx = newest / "model.onnx"
+                if onnx.is_file():
+                    total += MODEL_BYTES_FACTOR * onnx.stat().st_size
+    return total
+
+
+def uses_gpu(device: str) -> bool:
+    if device == "cpu":
+        return False
+    if device == "cuda":
+        return True
+    from textserve.service.engine.runtime import available_providers
+
+    return "CUDAExecutionProvider" in available_providers(device)
+
+
+def resolve_workers(value: str, config: ServerConfig) -> int:
+    """The number of workers for --workers VALUE ("auto" or a positive integer); SupervisorError
+    (one line) for anything else or for more workers than the memory holds.
+
+    auto: on CPU one worker per usable CPU (affinity and container quota), at most
+    AUTO_MAX_WORKERS: one process is held to about 1.2 cores by its one event loop and GIL
+    (gRPC, tokenizer hand-off, batching), so a second process on a 2-core machine adds
+    throughput (measured in the README) and each worker gets CPUs / N onnxruntime threads. With
+    CUDA at most AUTO_MAX_GPU_WORKERS (each worker holds a CUDA context and a copy of the
+    weights on the one device; a few keep it fed while others tokenize). Never more than the
+    memory holds (worker_memory)."""
+    text = value.strip().lower()
+    per_worker = worker_memory(config.repository)
+    memory = available_memory()
+    if text == "auto":
+        cpus = cpu_limit()
+        gpu = uses_gpu(config.runtime.device)
+        wanted = min(cpus, AUTO_MAX_GPU_WORKERS if gpu else AUTO_MAX_WORKERS)
+        if memory is not None:
+            wanted = min(wanted, memory // per_worker)
+        return max(1, wanted)
+    try:
+        workers = int(text)
+    except ValueError:
+        raise SupervisorError(
+            f"--workers must be a whole number of processes or 'auto', got {value!r}"
+        ) from None
+    if workers < 1:
+        raise SupervisorError(f"--workers must be at least 1 (or 'auto'), got {workers}")
+    if workers > 1 and memory is not None and workers * per_worker > memory:
+        raise SupervisorError(
+            f"--workers {workers} needs about {workers * per_worker / 2**20:,.0f} MiB "
+            f"({per_worker / 2**20:,.0f} MiB per worker with the models of "
+            f"{config.repository}) but {memory / 2**20:,.0f} MiB are available: "
+            f"use at most {max(1, memory // per_worker)}"
+        )
+    return workers
+
+
+def worker_config(config: ServerConfig, port: int, workers: int) -> ServerConfig:
+    """A worker's config: the reserved port, no metrics port of its own (the supervisor
+    serves /metrics), and its share of the CPUs as onnxruntime intra-op threads unless
+    --intra-op-threads says otherwise."""
+    host = config.listen.rpartition(":")[0]
+    runtime = config.runtime
+    if runtime.intra_op_threads == 0:
+        runtime = replace(runtime, intra_op_threads=max(1, cpu_limit() // workers))
+    return replace(config, listen=f"{host}:{port}", metrics_port=None, runtime=runtime)
+
+
+@contextlib.contextmanager
+def reserve_port(listen: str) -> Iterator[int]:
+    """Bind HOST:PORT with SO_REUSEPORT and hold it (never listening: the kernel gives
+    connections to listening sockets only); yields the port (port 0: the one picked). OSError
+    when another program has the port."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    infos = socket.getaddrinfo(
+        host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise OSError(f"cannot listen on {listen} ({exc.strerror})") from None
+        yield int(sock.getsockname()[1])
+    finally:
+        sock.close()
+
+
+# -- the supervisor -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: BaseProcess | None = None
+    conn: Connection | None = None
+    pid: int = 0
+    state: str = "starting"  # starting, warm, then the readiness states of metrics.py
+    seen: int = 0  # entries of the admin log this worker has applied (or will, at startup)
+    failure: str = ""  # what it said when its startup failed
+    restart_at: float | None = None
+    deaths_in_a_row: int = 0
+
+
+@dataclass
+class _Relay:
+    origin: _Worker
+    ident: int
+    waiting: set[int] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, config: ServerConfig, workers: int, log_level: str = "INFO") -> None:
+        self.config = config
+        self.count = workers
+        self.log_level = log_level
+        self.workers = [_Worker(i + 1) for i in range(workers)]
+        self.admin_log: list[AdminOp] = []
+        self._relays: dict[tuple[int, int], _Relay] = {}
+        self._context = multiprocessing.get_context("spawn")
+        self._deaths: list[float] = []
+        self._stopping: int | None = None  # the signal that started the drain
+        self._stop_deadline = 0.0
+        self._announced = False
+        self._started = False  # every worker was warm once
+        self._fatal: SupervisorError | None = None
+        self._codes: list[int] = []
+        self._metrics: Any = None
+        self._metrics_server: Any = None
+        self.address = ""
+        self.metrics_port: int | None = None
+
+    # -- the life of the server -----------------------------------------------------------
+
+    def run(self, on_ready: Callable[[Supervisor], None] | None = None) -> int:
+        """Serve until SIGTERM/SIGINT; the exit status (SupervisorError when it never served
+        or its workers crash-loop)."""
+        self.on_ready = on_ready
+        directory = tempfile.mkdtemp(prefix="textserve-metrics-")
+        wake_r, wake_w = socket.socketpair()
+        wake_w.setblocking(False)
+        previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+        old_fd = signal.set_wakeup_fd(wake_w.fileno())
+        try:
+            with reserve_port(self.config.listen) as port:
+                self.metrics_dir = directory
+                self.worker_config = worker_config(self.config, port, self.count)
+                self.address = self.worker_config.listen
+                logger.info(
+                    "listening on %s (gRPC) with %d workers (%d onnxruntime threads each); "
+                    "loading models from %s",
+                    self.address, self.count, self.worker_config.runtime.intra_op_threads,
+                    self.config.repository,
+                )  # fmt: skip
+                self._start_metrics(directory)
+                for worker in self.workers:
+                    self._spawn(worker)
+                self._loop(wake_r)
+        finally:
+            signal.set_wakeup_fd(old_fd)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            wake_r.close()
+            wake_w.close()
+            if self._metrics_server is not None:
+                self._metrics_server.close()
+            shutil.rmtree(directory, ignore_errors=True)
+        if self._fatal is not None:
+            raise self._fatal
+        forced = [c for c in self._codes if c > 128]
+        failed = [c for c in self._codes if c > 0]
+        return (forced or failed or [0])[0]
+
+    def _start_metrics(self, directory: str) -> None:
+        if self.config.metrics_port is None:
+            return
+        from textserve.service.metrics import (
+            SupervisorMetrics,
+            server_registry,
+            start_metrics_server,
+        )
+
+        registry = server_registry(directory, self._live_pids)
+        self._metrics = SupervisorMetrics(registry)
+        self._metrics_server, self.metrics_port = start_metrics_server(
+            self.config.metrics_port, self.config.metrics_host, registry
+        )
+        logger.info("metrics on http://%s:%d/metrics", self.config.metrics_host, self.metrics_port)
+
+    def _live_pids(self) -> list[int]:
+        return [w.pid for w in self.workers if w.process is not None and w.pid]
+
+    def _loop(self, wake: socket.socket) -> None:
+        while True:
+            running = [w for w in self.workers if w.process is not None]
+            if self._stopping is not None and not running:
+                return
+            now = time.monotonic()
+            timeout = 1.0
+            for w in self.workers:
+                if w.restart_at is not None:
+                    timeout = min(timeout, max(0.0, w.restart_at - now))
+            waitables: list[Any] = [wake]
+            for w in running:
+                assert w.process is not None
+                waitables.append(w.process.sentinel)
+                if w.conn is not None:
+                    waitables.append(w.conn)
+            for ready in wait(waitables, timeout):
+                if ready is wake:
+                    for signum in wake.recv(64):
+                        self._signal(signum)
+                    continue
+                for w in running:
+                    if ready is w.conn:
+                        self._receive(w)
+            for w in running:  # after reading what it said before it went
+                assert w.process is not None
+                if not w.process.is_alive():
+                    self._exited(w)
+            self._restart_due()
+            if self._stopping is not None and time.monotonic() > self._stop_deadline:
+                for w in self.workers:
+                    if w.process is not None and w.process.is_alive():
+                        logger.warning(
+                            "worker %d (pid %d): killed, not stopped in time", w.index, w.pid
+                        )
+                        w.process.kill()
+                self._stop_deadline = float("inf")
+
+    def _spawn(self, worker: _Worker) -> None:
+        parent, child = self._context.Pipe()
+        spec = WorkerSpec(
+            index=worker.index,
+            config=self.worker_config,
+            metrics_dir=self.metrics_dir,
+            log_level=self.log_level,
+            replay=tuple(self.admin_log),
+        )
+        process = self._context.Process(
+            target=worker_main, args=(spec, child), name=f"textserve-worker-{worker.index}"
+        )
+        process.start()
+        child.close()
+        worker.process, worker.conn, worker.pid = process, parent, process.pid or 0
+        worker.seen = len(self.admin_log)
+        worker.state, worker.failure, worker.restart_at = "starting", "", None
+        self._set_count()
+        logger.info("worker %d (pid %d): starting", worker.index, worker.pid)
+
+    def _set_count(self) -> None:
+        if self._metrics is not None:
+            self._metrics.workers.set(len(self._live_pids()))
+
+    # -- what workers say -----------------------------------------------------------------
+
+    def _receive(self, worker: _Worker) -> None:
+        assert worker.conn is not None
+        try:
+            while worker.conn.poll():
+                self._message(worker, worker.conn.recv())
+        except (EOFError, OSError):
+            worker.conn.close()
+            worker.conn = None  # the process is ending: its sentinel tells the rest
+
+    def _message(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "warm":
+            self._state(worker, "warm")
+            if self._stopping is not None:
+                return
+            if self._started:
+                self._catch_up(worker)
+            elif all(w.state == "warm" for w in self.workers):
+                self._started = True
+                for w in self.workers:
+                    self._catch_up(w)
+        elif kind == "state":
+            self._state(worker, message[1])
+        elif kind == "failed":
+            worker.failure = message[1]
+        elif kind == "relay":
+            self._relay(worker, message[1], message[2], message[3], message[4])
+        elif kind == "applied":
+            self._applied(worker, tuple(message[1]), message[2])
+
+    def _catch_up(self, worker: _Worker) -> None:
+        """Send what an admin changed since the worker started, then let it serve."""
+        for op in self.admin_log[worker.seen :]:
+            self._send(worker, ("apply", None, *op))
+        worker.seen = len(self.admin_log)
+        self._send(worker, ("serve",))
+
+    def _send(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+        if worker.conn is not None:
+            with contextlib.suppress(OSError):  # it is dying: its sentinel tells
+                worker.conn.send(message)
+
+    def _state(self, worker: _Worker, state: str) -> None:
+        if state == worker.state:
+            return
+        worker.state = state
+        logger.info("worker %d (pid %d): %s", worker.index, worker.pid, state)
+        if state == "serving":
+            worker.deaths_in_a_row = 0
+        self._readiness()
+
+    def _readiness(self) -> None:
+        from textserve.service.metrics import DRAINING, NO_MODEL, SERVING, WARMING
+
+        states = {w.state for w in self.workers}
+        if self._stopping is not None:
+            ready = DRAINING
+        elif states == {SERVING}:
+            ready = SERVING
+        elif NO_MODEL in states and states <= {SERVING, NO_MODEL}:
+            ready = NO_MODEL
+        else:
+            ready = WARMING  # a worker starts or restarts: not every worker is warm
+        if self._metrics_server is not None:
+            self._metrics_server.set_state(ready)
+        if ready == SERVING and not self._announced:
+            self._announced = True
+            logger.info("textserve: %d workers serving on %s", self.count, self.address)
+            if self.on_ready is not None:
+                self.on_ready(self)
+
+    def _relay(self, origin: _Worker, ident: int, op: str, name: str, version: int | None) -> None:
+        if op != "reload":
+            self.admin_log.append((op, name, version))
+            origin.seen += 1
+        relay = _Relay(origin, ident)
+        for w in self.workers:
+            # a worker still starting gets the change from the log when it is warm
+            if w is origin or w.conn is None or w.state in ("starting", "warm"):
+                continue
+            relay.waiting.add(w.index)
+            self._send(w, ("apply", (origin.index, ident), op, name, version))
+            if op != "reload":
+                w.seen += 1
+        self._relays[(origin.index, ident)] = relay
+        self._finish_relay(relay)
+
+    def _applied(self, worker: _Worker, key: tuple[Any, ...], error: str | None) -> None:
+        relay = self._relays.get((key[0], key[1]))
+        if relay is None:
+            return
+        relay.waiting.discard(worker.index)
+        if error:
+            relay.errors.append(f"worker {worker.index}: {error}")
+        self._finish_relay(relay)
+
+    def _finish_relay(self, relay: _Relay) -> None:
+        if relay.waiting:
+            return
+        self._relays.pop((relay.origin.index, relay.ident), None)
+        self._send(relay.origin, ("relayed", relay.ident, "; ".join(relay.errors) or None))
+
+    # -- deaths, restarts, signals --------------------------------------------------------
+
+    def _exited(self, worker: _Worker) -> None:
+        assert worker.process is not None
+        worker.process.join()
+        code = worker.process.exitcode or 0
+        if worker.conn is not None:
+            self._receive(worker)  # its last words ("failed")
+        if worker.conn is not None:
+            worker.conn.close()
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid, self.metrics_dir)
+        worker.process, worker.conn = None, None
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
+        for relay in list(self._relays.values()):  # it will get the change again if restarted
+            if worker.index in relay.waiting:
+                relay.waiting.discard(worker.index)
+                self._finish_relay(relay)
+        if self._stopping is not None:
+            self._codes.append(code)
+            self._state(worker, f"stopped ({how})")
+            worker.pid = 0
+            self._set_count()
+            return
+        if not self._started:
+            logger.error("worker %d (pid %d): exited with %s", worker.index, worker.pid, how)
+            self._fatal = SupervisorError(
+                worker.failure or f"worker {worker.index} exited with {how} before it was ready",
+                2 if worker.failure else 1,
+            )
+            self._stop(signal.SIGTERM)
+            return
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < CRASH_WINDOW] + [now]
+        if len(self._deaths) >= CRASH_LIMIT:
+            logger.error(
+                "worker %d (pid %d): died with %s: %d worker deaths within %.0fs, stopping",
+                worker.index, worker.pid, how, len(self._deaths), CRASH_WINDOW,
+            )  # fmt: skip
+            self._fatal = SupervisorError(
+                f"workers keep dying ({len(self._deaths)} deaths within {CRASH_WINDOW:.0f}s; "
+                f"the last: {worker.failure or how})",
+                1,
+            )
+            self._stop(signal.SIGTERM)
+            return
+        delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**worker.deaths_in_a_row)
+        worker.deaths_in_a_row += 1
+        worker.restart_at = now + delay
+        said = f": {worker.failure}" if worker.failure else ""
+        self._state(worker, f"died with {how}{said}; restarting in {delay:.1f}s")
+        worker.pid = 0
+        self._set_count()
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for worker in self.workers:
+            if worker.restart_at is not None and worker.restart_at <= now:
+                if self._stopping is not None:
+                    worker.restart_at = None
+                    continue
+                if self._metrics is not None:
+                    self._metrics.worker_restarts.inc()
+                self._spawn(worker)
+
+    def _signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self._stopping is None:
+            logger.info("%s received: draining %d workers", name, len(self._live_pids()))
+        else:
+            logger.warning("second %s: forwarded, workers stop without grace", name)
+        self._stop(signum)
+
+    def _stop(self, signum: int) -> None:
+        if self._stopping is None:
+            self._stopping = signum
+            self._stop_deadline = time.monotonic() + self.config.grace_period + 15.0
+            self._readiness()
+        for worker in self.workers:
+            worker.restart_at = None
+            if worker.process is not None and worker.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signum)
+
+
+def serve_workers(
+    config: ServerConfig,
+    workers: int,
+    log_level: str = "INFO",
+    on_ready: Callable[[Supervisor], None] | None = None,
+) -> int:
+    """The life of `textserve serve --workers N` (N > 1)."""
+    return Supervisor(config, workers, log_level).run(on_ready)
