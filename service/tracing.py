@@ -147,6 +147,10 @@ class Tracing:
                 self._failing = False
             logger.info("tracing: exporting to %s again", self.endpoint)
 
+    def flush(self) -> None:
+        """Blocking: export every finished span now (tests, benchmarks)."""
+        self._processor.force_flush()
+
     def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT) -> None:
         """Blocking: export what is left within `timeout` seconds, then stop (idempotent)."""
         self._processor.shutdown(timeout_millis=int(timeout * 1000))
@@ -327,5 +331,14 @@ def _CountingProcessor(exporter: Any, tracing: Tracing, **options: Any) -> Any:
             if queue is not None and queue.maxlen is not None and len(queue) >= queue.maxlen:
                 tracing.dropped("queue_full", 1, "is slower than the traffic (queue full)")
             super().on_end(span)
+
+        def shutdown(self, timeout_millis: int = 30_000) -> None:
+            # BatchSpanProcessor.shutdown() waits up to 30 s for a down endpoint; its inner
+            # batch processor takes the bound (the public method, if that ever goes).
+            inner = getattr(self, "_batch_processor", None)
+            if inner is not None and hasattr(inner, "shutdown"):
+                inner.shutdown(timeout_millis=timeout_millis)
+            else:
+                super().shutdown()
 
     return Counting(exporter, **options)
