@@ -5,7 +5,9 @@ config of deploy/prometheus/prometheus.yml, its textserve target rewritten to th
 server's metrics port and a 1 s scrape interval. Traffic flows for the whole test, so that
 rates and quantiles over the dashboard's window have samples. Then every PromQL expression of
 deploy/grafana/dashboards/textserve.json (and its template variables) must return a series
-with a finite value: a panel whose query names a wrong metric or label fails here.
+with a finite value: a panel whose query names a wrong metric or label fails here. The server
+traces every request (to an OTLP receiver in the test) and Prometheus stores exemplars: the
+latency histogram's exemplars carry the trace ids the receiver got.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.otlp import Receiver, otlp_receiver
 from tests.serving import RunningServer, running_server
 from textserve.client import Client, ClientError
 
@@ -114,8 +117,20 @@ class Prometheus:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_repository: Path) -> Iterator[RunningServer]:
-    with running_server(tiny_repository, metrics_port=0, metrics_host="127.0.0.1") as running:
+def receiver() -> Iterator[Receiver]:
+    with otlp_receiver() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repository: Path, receiver: Receiver) -> Iterator[RunningServer]:
+    with running_server(
+        tiny_repository,
+        metrics_port=0,
+        metrics_host="127.0.0.1",
+        otlp_endpoint=receiver.endpoint,
+        trace_sample_ratio=1.0,
+    ) as running:
         assert running.server.metrics_port
         yield running
 
@@ -176,6 +191,7 @@ def prometheus(
                     f"--storage.tsdb.path={root / 'data'}",
                     f"--web.listen-address=127.0.0.1:{port}",
                     "--log.level=warn",
+                    "--enable-feature=exemplar-storage",  # as docker-compose.yml runs it
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -280,6 +296,33 @@ def test_errors_by_reason_show_the_failed_requests(
         )
 
     poll(invalid_argument_seen, "failed requests to show under reason invalid_argument")
+
+
+def test_prometheus_stores_trace_ids_as_exemplars(
+    server: RunningServer, traffic: None, prometheus: Prometheus, receiver: Receiver
+) -> None:
+    """The p99 panel's exemplars: Prometheus scrapes the OpenMetrics exposition and keeps the
+    trace ids of sampled requests, traces the collector received."""
+    query = f'textserve_request_duration_seconds_bucket{{job="{JOB}", code="OK"}}'
+
+    def trace_ids() -> set[str]:
+        now = time.time()
+        data = prometheus.api(
+            "query_exemplars", query=query, start=str(now - 600), end=str(now + 60)
+        )
+        return {
+            e["labels"]["trace_id"]
+            for series in data
+            for e in series["exemplars"]
+            if "trace_id" in e["labels"]
+        }
+
+    found = poll(trace_ids, "exemplars with trace ids")
+    assert all(re.fullmatch("[0-9a-f]{32}", t) for t in found), found
+    poll(
+        lambda: found & {s.trace_id for s in receiver.received()},
+        "the exemplars' traces at the OTLP receiver",
+    )
 
 
 def test_a_wrong_query_would_fail(prometheus: Prometheus, server: RunningServer) -> None:
