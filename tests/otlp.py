@@ -33,6 +33,7 @@ class Span:
     links: list[tuple[str, str]]  # (trace id, span id)
     service: str
     status_code: int
+    events: list[tuple[str, int, dict[str, Any]]]  # (name, time in epoch ns, attributes)
 
 
 def _value(any_value: Any) -> Any:
@@ -61,6 +62,14 @@ class _Service(trace_service_pb2_grpc.TraceServiceServicer):
                             links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
                             service=str(attrs.get("service.name", "")),
                             status_code=s.status.code,
+                            events=[
+                                (
+                                    e.name,
+                                    e.time_unix_nano,
+                                    {a.key: _value(a.value) for a in e.attributes},
+                                )
+                                for e in s.events
+                            ],
                         )
                     )
         with self._receiver.lock:
