@@ -166,9 +166,10 @@ def observed(
     latency bucket's exemplar) and access-logged, each only when it is on."""
     started = time.perf_counter()
     seen = Seen(model)
-    tracing = None if telemetry is None else telemetry.tracing
-    if tracing is not None:
-        seen.trace = tracing.start_request(
+    if telemetry is not None and telemetry.tracing is None and telemetry.access_log is None:
+        telemetry = None  # both off: nothing more to do than the metrics
+    if telemetry is not None and telemetry.tracing is not None:
+        seen.trace = telemetry.tracing.start_request(
             method, None if context is None else context.invocation_metadata()
         )
     code = "OK"
