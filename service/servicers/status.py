@@ -197,13 +197,15 @@ def _report(
     """End the request's span and write its access log line; the exemplar of a sampled
     request. Never raises: observing a request must not change its outcome."""
     result, trace = seen.result, seen.trace
+    # A name that reached no model is the caller's text: never megabytes of it in a log line.
+    model = seen.model if seen.version is not None else seen.model[:MAX_NAME_CHARS]
     tokens = None if result is None else int(result.num_tokens.sum())
     timings = None if result is None else result.timings
     try:
         if trace is not None:
             trace.finish(
                 code,
-                model=seen.model,
+                model=model,
                 version=seen.version,
                 texts=None if seen.texts is None else len(seen.texts),
                 tokens=tokens,
@@ -214,7 +216,7 @@ def _report(
             access_log.write(
                 method=method,
                 peer="" if context is None else context.peer(),
-                model=seen.model,
+                model=model,
                 version=seen.version,
                 texts=seen.texts,
                 tokens=tokens,
