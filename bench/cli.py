@@ -151,6 +151,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     extra.add_argument(
         "--run-dir", type=Path, help="training run for the PyTorch ceiling (default: the model's)"
     )
+    extra.add_argument(
+        "--tracing-concurrency",
+        type=int,
+        default=128,
+        help="callers of the tracing off vs on steps, side by side (0: skip them; 128)",
+    )
+    extra.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        default=0.1,
+        help="sampling ratio of the tracing-on step (0.1)",
+    )
     parser.add_argument(
         "--output",
         type=Path,
@@ -183,6 +195,8 @@ def build_config(args: argparse.Namespace) -> object:
         raise CliError("--multi-texts-per-request must be 0 (off) or more")
     if args.duration <= 0 or args.warmup < 0 or args.timeout <= 0:
         raise CliError("--duration and --timeout must be positive, --warmup 0 or more")
+    if args.tracing_concurrency < 0 or not 0 <= args.trace_sample_ratio <= 1:
+        raise CliError("--tracing-concurrency must be 0 or more, --trace-sample-ratio 0 to 1")
     if args.intra_op_threads < 0 or args.batching_off_concurrency < 0:
         raise CliError("--intra-op-threads and --batching-off-concurrency must be 0 or more")
     if args.connections < 0:
@@ -205,6 +219,8 @@ def build_config(args: argparse.Namespace) -> object:
         duration=args.duration,
         timeout=args.timeout,
         batching_off_concurrency=args.batching_off_concurrency,
+        tracing_concurrency=args.tracing_concurrency,
+        trace_sample_ratio=args.trace_sample_ratio,
         loadgen_check=args.loadgen_check,
         ceilings=args.ceilings,
         torch=args.torch,

@@ -57,6 +57,10 @@ class BenchConfig:
     duration: float = 5.0  # seconds measured per step
     timeout: float = 10.0  # per request
     batching_off_concurrency: int = 64  # closed step against --max-batch-size 1; 0: off
+    # Tracing's cost: closed steps at this concurrency against a server without tracing and one
+    # exporting to an OTLP sink in this process at trace_sample_ratio, side by side; 0: off.
+    tracing_concurrency: int = 128
+    trace_sample_ratio: float = 0.1
     loadgen_check: bool = True  # the trivial-model server at the peak's concurrency
     ceilings: bool = True  # in-process onnxruntime (and PyTorch, when installed)
     torch: bool = True
@@ -236,6 +240,11 @@ def run_benchmark(config: BenchConfig, log: Log = print) -> dict[str, Any]:
     # 2b. --workers side by side: the same load over the same connections, one server per count
     workers = _workers_steps(bench, main_pool) if cfg.workers and cfg.server is None else {}
 
+    # 2b. tracing off vs on (exporting to a real OTLP endpoint), back to back
+    tracing: dict[str, Any] = {}
+    if cfg.tracing_concurrency and cfg.server is None:
+        tracing = _tracing_cost(bench, main_pool)
+
     # 3. load generator headroom: a server whose model costs next to nothing
     loadgen_check: dict[str, Any] = {}
     if cfg.loadgen_check and cfg.server is None and version_dir is not None and peak is not None:
@@ -253,6 +262,7 @@ def run_benchmark(config: BenchConfig, log: Log = print) -> dict[str, Any]:
         "server_environment": {k: v for k, v in os.environ.items() if k.startswith("TEXTSERVE_")},
         "steps": bench.steps,
         "loadgen_check": loadgen_check,
+        "tracing": tracing,
         "ceilings": ceiling_results,
         "efficiency": _efficiency(bench.steps, ceiling_results),
         "workers": workers,
@@ -297,6 +307,41 @@ def _workers_steps(bench: _Bench, pool: RequestPool) -> dict[str, Any]:
             "machine_cpu_share": [base["machine_cpu_share"], step["machine_cpu_share"]],
         }
     return out
+
+
+def _tracing_cost(bench: _Bench, pool: RequestPool) -> dict[str, Any]:
+    """The same closed step against a server without tracing and one with --otlp-endpoint
+    (a sink in this process) at the configured sampling ratio."""
+    from textserve.bench.otlp_sink import otlp_sink
+
+    cfg = bench.config
+    ratio = f"{cfg.trace_sample_ratio:g}"
+    label = f"tracing-{cfg.trace_sample_ratio * 100:g}%"
+    steps: dict[str, Any] = {}
+    with bench.server(cfg.repository, cfg.model, []) as server:
+        steps["off"] = bench.step(
+            server, "tracing-off", pool, cfg.model, concurrency=cfg.tracing_concurrency
+        )
+    with otlp_sink() as sink:
+        extra = ["--otlp-endpoint", sink.endpoint, "--trace-sample-ratio", ratio]
+        with bench.server(cfg.repository, cfg.model, extra) as server:
+            steps["on"] = bench.step(
+                server, label, pool, cfg.model, concurrency=cfg.tracing_concurrency
+            )
+        spans = sink.spans
+    off, on = steps["off"], steps["on"]
+    cost = {
+        "sample_ratio": cfg.trace_sample_ratio,
+        "concurrency": cfg.tracing_concurrency,
+        "spans_received": spans,
+        "throughput_change": on["throughput_texts_per_s"] / off["throughput_texts_per_s"] - 1,
+        "p99_ms": {"off": off["latency_ms"]["p99"], "on": on["latency_ms"]["p99"]},
+    }
+    bench.log(
+        f"  tracing at {ratio}: throughput {cost['throughput_change'] * 100:+.1f}%, p99 "
+        f"{cost['p99_ms']['off']:.1f} -> {cost['p99_ms']['on']:.1f} ms, {spans} spans exported"
+    )
+    return cost
 
 
 def _loadgen_check(

@@ -166,6 +166,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "NAME=POLICY for one model (space-separated)",
         type=_policies,
     )
+    flag(
+        "otlp-endpoint",
+        None,
+        "OpenTelemetry: export traces over OTLP/gRPC to this collector "
+        "(e.g. http://127.0.0.1:4317); default: no tracing",
+    )
+    flag(
+        "trace-sample-ratio",
+        _text(server.trace_sample_ratio),
+        "fraction of traces kept (a caller's sampled traceparent is always followed)",
+        type=float,
+    )
+    flag(
+        "access-log",
+        server.access_log,
+        "off, or json: one JSON line per request on stdout",
+        choices=("off", "json"),
+    )
+    flag(
+        "access-log-rate",
+        _text(server.access_log_rate),
+        "access log lines a second at most; lines over it are dropped and counted",
+        type=float,
+    )
+    parser.add_argument(
+        "--log-texts",
+        action="store_true",
+        default=env_switch("TEXTSERVE_LOG_TEXTS"),
+        help="put the request's texts in the access log: a PRIVACY RISK (user text ends up "
+        "wherever the logs go) [TEXTSERVE_LOG_TEXTS=1]",
+    )
     parser.add_argument(
         "--enable-admin",
         action="store_true",
@@ -198,6 +229,11 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             poll_interval=args.poll_interval,
             version_policy=args.version_policy,
             enable_admin=args.enable_admin,
+            otlp_endpoint=args.otlp_endpoint or None,
+            trace_sample_ratio=args.trace_sample_ratio,
+            access_log=args.access_log,
+            log_texts=args.log_texts,
+            access_log_rate=args.access_log_rate,
             runtime=RuntimeConfig(
                 device=args.device,
                 intra_op_threads=args.intra_op_threads,

@@ -129,8 +129,28 @@ class ServerConfig:
     # waiting for the client to read it). At the limit the stream stops reading its requests,
     # so a client that never reads is slowed by HTTP/2 flow control instead of growing memory.
     stream_max_inflight: int = 32
+    # Observability (README "Observability"). OTLP/gRPC endpoint of a trace collector (e.g.
+    # http://otel-collector:4317); None: no tracing, and opentelemetry is never imported.
+    otlp_endpoint: str | None = None
+    # Fraction of the traces started here that are kept (a caller's sampled flag wins).
+    trace_sample_ratio: float = 0.1
+    access_log: str = "off"  # "json": one JSON line per request on stdout
+    log_texts: bool = False  # put the texts in the access log: a privacy risk, off by default
+    access_log_rate: float = 1000.0  # access log lines a second at most; over it, dropped
 
     def __post_init__(self) -> None:
+        if self.otlp_endpoint is not None and not self.otlp_endpoint.strip():
+            raise ConfigError("--otlp-endpoint must be an address (e.g. http://collector:4317)")
+        if not 0 <= self.trace_sample_ratio <= 1:
+            raise ConfigError(
+                f"--trace-sample-ratio must be between 0 and 1, got {self.trace_sample_ratio}"
+            )
+        if self.access_log not in ("off", "json"):
+            raise ConfigError(f"--access-log must be off or json, got {self.access_log!r}")
+        if not self.access_log_rate > 0:
+            raise ConfigError(
+                f"--access-log-rate must be more than 0 lines a second, got {self.access_log_rate}"
+            )
         host, sep, port = self.listen.rpartition(":")
         if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
             raise ConfigError(

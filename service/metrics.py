@@ -46,6 +46,7 @@ __all__ = [
     "BATCH_SIZE_BUCKETS",
     "BATCH_TOKEN_BUCKETS",
     "CODES",
+    "CONFIDENCE_BUCKETS",
     "DRAINING",
     "FAILURE_REASONS",
     "LATENCY_BUCKETS",
@@ -55,10 +56,12 @@ __all__ = [
     "PADDING_RATIO_BUCKETS",
     "READY_STATES",
     "SERVING",
+    "SPAN_DROP_REASONS",
     "UNKNOWN_MODEL",
     "WARMING",
     "Metrics",
     "MetricsServer",
+    "PredictionMetrics",
     "SupervisorMetrics",
     "multiprocess",
     "padding_ratio",
@@ -170,6 +173,33 @@ PADDING_RATIO_BUCKETS: tuple[float, ...] = (
     0.8,
     0.9,
     1.0,
+)
+
+
+# The winning (highest) probability of a prediction: fine near 1, where a confident model
+# lives and where a drift of confidence shows first.
+CONFIDENCE_BUCKETS: tuple[float, ...] = (
+    0.1,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.85,
+    0.9,
+    0.95,
+    0.98,
+    0.99,
+    0.999,
+    1.0,
+)
+# Why finished spans never reached the OTLP endpoint: the label `reason` of
+# textserve_trace_spans_dropped_total.
+SPAN_DROP_REASONS: tuple[str, ...] = (
+    "export_failed",  # the endpoint refused them or could not be reached in time
+    "queue_full",  # the exporter's queue was full (the endpoint is slower than the traffic)
 )
 
 
@@ -392,6 +422,34 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        # Observability (issue 17): what the model predicts, and what tracing and the access
+        # log had to drop rather than slow requests down.
+        self.predictions = Counter(
+            "textserve_predictions",
+            "Texts answered, by the label the model predicted (its highest probability)",
+            ["model", "version", "label"],
+            registry=r,
+        )
+        self.prediction_confidence = Histogram(
+            "textserve_prediction_confidence",
+            "The winning (highest) probability of each prediction: falling confidence is drift",
+            ["model", "version"],
+            buckets=CONFIDENCE_BUCKETS,
+            registry=r,
+        )
+        self.trace_spans_dropped = Counter(
+            "textserve_trace_spans_dropped",
+            "Finished trace spans never exported (OTLP endpoint unreachable, slow or refusing)",
+            ["reason"],
+            registry=r,
+        )
+        self.access_log_dropped = Counter(
+            "textserve_access_log_dropped",
+            "Access log lines not written because the log's rate limit was reached",
+            registry=r,
+        )
+        for reason in SPAN_DROP_REASONS:
+            self.trace_spans_dropped.labels(reason)
         self._lock = threading.Lock()
         self._models: set[str] = set()
         self._info: dict[str, tuple[str, str]] = {}
@@ -464,14 +522,23 @@ class Metrics:
 
     # -- observations --------------------------------------------------------------------
 
-    def observe_request(self, method: str, model: str, code: str, seconds: float) -> None:
-        """Count one finished request: its total, its latency and, if not OK, its failure."""
+    def observe_request(
+        self,
+        method: str,
+        model: str,
+        code: str,
+        seconds: float,
+        exemplar: dict[str, str] | None = None,
+    ) -> None:
+        """Count one finished request: its total, its latency and, if not OK, its failure.
+        ``exemplar`` (``{"trace_id": ...}`` of a sampled request) is attached to the latency
+        bucket it falls in (OpenMetrics exposition only)."""
         children = self._request_children.get((method, model, code))
         if children is None:
             children = self._children(method, model, code)
         requests, duration, failures = children
         requests.inc()
-        duration.observe(seconds)
+        duration.observe(seconds, exemplar)
         if failures is not None:
             failures.inc()
 
@@ -492,6 +559,18 @@ class Metrics:
             if label != UNKNOWN_MODEL:  # unknown names are user text: never a cache key
                 self._request_children[(method, model, code)] = children
         return children
+
+    def for_predictions(
+        self, model: str, version: str | int, labels: Sequence[str]
+    ) -> PredictionMetrics:
+        """The prediction series of one model version (its handle counts every answer)."""
+        return PredictionMetrics(self, model, str(version), labels)
+
+    def count_dropped_spans(self, reason: str, spans: int) -> None:
+        """Count finished spans that never reached the OTLP endpoint."""
+        if reason not in SPAN_DROP_REASONS:
+            raise ValueError(f"unknown span drop reason {reason!r}; expected {SPAN_DROP_REASONS}")
+        self.trace_spans_dropped.labels(reason).inc(spans)
 
     def count_load_failure(self, model: str, reason: str) -> None:
         """Count a model version that failed to load."""
@@ -544,6 +623,27 @@ class ModelMetrics:
     def on_tokenize(self, seconds: float) -> None:
         """The tokenization of one batch."""
         self._tokenize.observe(seconds)
+
+
+class PredictionMetrics:
+    """One model version's predictions: textserve_predictions_total per label and the winning
+    probability. Every series exists at zero from the start (a label never predicted is a
+    share of 0, not a missing series)."""
+
+    def __init__(self, metrics: Metrics, model: str, version: str, labels: Sequence[str]) -> None:
+        self._labels = [metrics.predictions.labels(model, version, label) for label in labels]
+        self._confidence = metrics.prediction_confidence.labels(model, version)
+
+    def observe(self, winners: Sequence[int], confidences: Sequence[float]) -> None:
+        """Count one request's predictions: each text's winning label index and probability."""
+        counts: dict[int, int] = {}
+        for winner in winners:
+            counts[winner] = counts.get(winner, 0) + 1
+        for winner, count in counts.items():
+            self._labels[winner].inc(count)
+        observe = self._confidence.observe
+        for confidence in confidences:
+            observe(confidence)
 
 
 # The states /readyz reports, the same as grpc.health.v1's: only SERVING answers 200.

@@ -32,7 +32,7 @@ from textserve.service.metrics import SERVING as READY
 from textserve.service.repository.core import ModelRepository
 from textserve.service.security import add_port
 from textserve.service.servicers import admin, classifier, oip
-from textserve.service.servicers.context import Register, ServingContext
+from textserve.service.servicers.context import Register, ServingContext, Telemetry
 from textserve.service.servicers.interceptors import DecodeGuard, auth_interceptors
 from textserve.service.tuning import tune_for_serving
 from textserve.v1 import admin_pb2
@@ -160,6 +160,9 @@ class Server:
         await self.repository.close(timeout=0)
         if self.metrics_server is not None:
             self.metrics_server.close()
+        tracing = self.ctx.telemetry.tracing
+        if tracing is not None:  # the last spans, within SHUTDOWN_TIMEOUT
+            await asyncio.to_thread(tracing.shutdown)
 
 
 def create_server(
@@ -177,7 +180,9 @@ def create_server(
     """
     metrics = metrics or Metrics()
     repository = ModelRepository(config, metrics)
-    ctx = ServingContext(config=config, repository=repository, metrics=metrics)
+    ctx = ServingContext(
+        config=config, repository=repository, metrics=metrics, telemetry=telemetry(config, metrics)
+    )
     grpc_server = grpc.aio.server(
         # authentication first: a refused call is neither parsed nor served
         interceptors=[*auth_interceptors(config.security), DecodeGuard()],
@@ -203,6 +208,29 @@ def create_server(
     if port == 0:
         raise OSError(f"cannot listen on {config.listen} (in use, or not an address of this host)")
     return Server(config, grpc_server, port, ctx, health, names), port
+
+
+def telemetry(config: ServerConfig, metrics: Metrics) -> Telemetry:
+    """Tracing and the access log as configured (each None when off; tracing off never
+    imports opentelemetry)."""
+    tracing = None
+    if config.otlp_endpoint is not None:
+        from textserve.service.tracing import Tracing
+
+        tracing = Tracing(config.otlp_endpoint, config.trace_sample_ratio, metrics=metrics)
+        logger.info(
+            "tracing: OTLP to %s, %g of new traces sampled",
+            config.otlp_endpoint,
+            config.trace_sample_ratio,
+        )
+    access_log = None
+    if config.access_log == "json":
+        from textserve.service.access_log import AccessLog
+
+        access_log = AccessLog(
+            rate=config.access_log_rate, log_texts=config.log_texts, metrics=metrics
+        )
+    return Telemetry(tracing=tracing, access_log=access_log)
 
 
 async def serve(

@@ -31,6 +31,7 @@ why) or UNIMPLEMENTED (the server runs without --enable-admin).
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,20 @@ def to_result(response: pb.ClassifyResponse) -> ClassifyResult:
     )
 
 
+def _traced(metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """`metadata` plus the caller's W3C trace context (traceparent), when it has a current
+    span. A process that never imported opentelemetry has none: nothing is imported then."""
+    if "opentelemetry.context" not in sys.modules:
+        return metadata
+    from opentelemetry.propagate import inject
+
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    if not carrier:
+        return metadata
+    return (*metadata, *((key.lower(), value) for key, value in carrier.items()))
+
+
 class BlockingClient:
     """What every blocking client shares: one channel (closed on exit if it opened it), the
     bearer token sent with each call, a default timeout, and gRPC errors as ClientError."""
@@ -179,7 +194,9 @@ class BlockingClient:
 
     def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         try:
-            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            return method(
+                request, timeout=timeout or self.timeout, metadata=_traced(self._metadata)
+            )
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
 
@@ -310,7 +327,7 @@ class AsyncClient:
         request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
         try:
             response = await self._next().Classify(
-                request, timeout=timeout or self.timeout, metadata=self._metadata
+                request, timeout=timeout or self.timeout, metadata=_traced(self._metadata)
             )
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
@@ -326,7 +343,7 @@ class AsyncClient:
 
     async def _call(self, method: Any, request: Any) -> Any:
         try:
-            return await method(request, timeout=self.timeout, metadata=self._metadata)
+            return await method(request, timeout=self.timeout, metadata=_traced(self._metadata))
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
 

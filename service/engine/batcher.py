@@ -73,6 +73,20 @@ class BatchObserver(Protocol):
     def on_inflight(self, texts: int) -> None: ...
 
 
+class BatchTrace(Protocol):
+    """A traced request's handle on its trace (service/tracing.py's RequestTrace): the engine
+    reports each batch that carried traced requests to one of them, with all of them."""
+
+    def on_batch(
+        self,
+        traces: Sequence[BatchTrace],
+        started_ago: float,
+        seconds: float,
+        runs: Sequence[RunStats],
+        attributes: Mapping[str, str | int],
+    ) -> None: ...
+
+
 class NullObserver:
     def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
         pass
@@ -145,6 +159,7 @@ class _Request:
         "run_seconds",
         "seq",
         "timer",
+        "trace",
     )
 
     def __init__(self, n: int, future: asyncio.Future[None], enqueued: float, seq: int) -> None:
@@ -159,6 +174,7 @@ class _Request:
         self.queue_seconds = 0.0
         self.run_seconds = 0.0
         self.last_batch = -1
+        self.trace: BatchTrace | None = None
 
 
 class _Item(NamedTuple):
@@ -191,8 +207,11 @@ class Batcher(Generic[P]):
         observer: BatchObserver | None = None,
         name: str = "model",
         clock: Callable[[], float] = time.monotonic,
+        trace_attributes: Mapping[str, str | int] | None = None,
     ) -> None:
         self._run_batch = run_batch
+        # What a batch span says of the model (model, version, provider), when one is traced.
+        self.trace_attributes: Mapping[str, str | int] = trace_attributes or {}
         self.config = config
         self.name = name
         self._own_executor = executor is None
@@ -301,8 +320,12 @@ class Batcher(Generic[P]):
         lengths: Sequence[int],
         *,
         deadline: float | None = None,
+        trace: BatchTrace | None = None,
     ) -> BatchResult:
         """Queue one request's items and wait for their outputs.
+
+        `trace`: the request's trace (tracing on, request sampled); each batch that carries
+        any of its items is reported to it (see BatchTrace).
 
         `deadline` is absolute, on the batcher's clock (time.monotonic()). Raises
         OverloadedError at once when the queue cannot take all items, DeadlineExceededError
@@ -321,6 +344,7 @@ class Batcher(Generic[P]):
         loop = asyncio.get_running_loop()
         self._seq += 1
         request = _Request(n, loop.create_future(), now, self._seq)
+        request.trace = trace
         buckets = self._buckets
         with self._lock:
             for index in range(n):
@@ -567,8 +591,12 @@ class Batcher(Generic[P]):
             runs = (RunStats(len(batch), len(batch) * max(lengths), sum(lengths), seconds),)
         self._count_runs(runs)
         self._observer.on_queue_waits([started - item.request.enqueued for item in batch])
+        traces: dict[int, BatchTrace] | None = None
         for row, item in enumerate(batch):
             request = item.request
+            if request.trace is not None:
+                traces = traces or {}
+                traces[id(request)] = request.trace
             future = request.future
             if future.done():
                 continue  # the caller left while its batch ran, or another of its items failed
@@ -585,6 +613,19 @@ class Batcher(Generic[P]):
             request.remaining -= 1
             if not request.remaining:
                 future.set_result(None)
+        if traces:
+            self._trace_batch(list(traces.values()), started, seconds, runs)
+
+    def _trace_batch(
+        self, traces: list[BatchTrace], started: float, seconds: float, runs: Sequence[RunStats]
+    ) -> None:
+        """Report a batch to its traced requests; tracing never fails a batch."""
+        try:
+            traces[0].on_batch(
+                traces, self._clock() - started, seconds, runs, self.trace_attributes
+            )
+        except Exception:
+            logger.exception("%s: tracing a batch failed", self.name)
 
     def _count_runs(self, runs: Sequence[RunStats]) -> None:
         stats, observe = self.stats, self._observer.on_batch

@@ -26,7 +26,13 @@ import numpy as np
 
 from textserve.artifact import Manifest
 from textserve.service.config import BatcherConfig
-from textserve.service.engine.batcher import Batcher, BatchOutput, BatchStats, RunStats
+from textserve.service.engine.batcher import (
+    Batcher,
+    BatchOutput,
+    BatchStats,
+    BatchTrace,
+    RunStats,
+)
 from textserve.service.engine.subbatches import (
     RUN_COST_TOKENS,
     RUN_COST_TOKENS_OTHER,
@@ -140,6 +146,17 @@ class ModelHandle:
             workers=inference_workers,
             observer=self._observer,
             name=f"{self.name}:{self.version}",
+            trace_attributes={
+                "textserve.model": self.name,
+                "textserve.model.version": self.version,
+                "textserve.provider": self.provider,
+            },
+        )
+        # Every answer counted by its winning label (drift monitoring).
+        self._predictions = (
+            None
+            if metrics is None
+            else metrics.for_predictions(self.name, self.version, self.labels)
         )
 
     # -- lifecycle (ModelRepository calls these) -----------------------------------------------
@@ -253,8 +270,10 @@ class ModelHandle:
         *,
         truncate: bool = True,
         deadline: float | None = None,
+        trace: BatchTrace | None = None,
     ) -> ClassifyResult:
-        """Probabilities for each text. `deadline`: absolute time.monotonic() seconds.
+        """Probabilities for each text. `deadline`: absolute time.monotonic() seconds;
+        `trace`: the request's trace, linked from the span of each batch that carries it.
 
         Raises ValidationError, OverloadedError, DeadlineExceededError, NotReadyError.
         """
@@ -262,14 +281,18 @@ class ModelHandle:
         # version retired meanwhile still waits for this request (see drain()).
         self._active += 1
         try:
-            return await self._classify(texts, truncate, deadline)
+            return await self._classify(texts, truncate, deadline, trace)
         finally:
             self._active -= 1
             if not self._active and self._inactive is not None:
                 self._inactive.set()
 
     async def _classify(
-        self, texts: Sequence[str], truncate: bool, deadline: float | None
+        self,
+        texts: Sequence[str],
+        truncate: bool,
+        deadline: float | None,
+        trace: BatchTrace | None,
     ) -> ClassifyResult:
         started = time.perf_counter()
         self._validate(texts)
@@ -289,15 +312,20 @@ class ModelHandle:
         limit, per_token = self.max_length, self._chars_per_token
         payloads = [_Text(text, truncate, index, texts) for index, text in enumerate(texts)]
         lengths = [min(limit, int(len(text) / per_token) + 1) for text in texts]
-        result = await self.batcher.submit(payloads, lengths, deadline=deadline)
+        result = await self.batcher.submit(payloads, lengths, deadline=deadline, trace=trace)
         rows = result.outputs
         num_tokens = rows["num_tokens"].astype(np.int64)
         truncated = rows["full_tokens"] > num_tokens
         if cut:
             truncated[cut] = True  # cut by characters: the model did not see all of the text
         tokenize_seconds = float(rows["tokenize_seconds"].max())
+        probabilities = np.ascontiguousarray(rows["probabilities"])
+        if self._predictions is not None:
+            self._predictions.observe(
+                probabilities.argmax(axis=1).tolist(), probabilities.max(axis=1).tolist()
+            )
         return ClassifyResult(
-            probabilities=np.ascontiguousarray(rows["probabilities"]),
+            probabilities=probabilities,
             num_tokens=num_tokens,
             truncated=truncated,
             timings=Timings(

@@ -528,6 +528,11 @@ class ModelRepository:
 
     def get(self, name: str | None = None, version: int | None = None) -> ModelHandle:
         """The handle serving `name` (None: the default model) at `version` (None: newest READY)."""
+        if not self._started:
+            # Startup's loads are under way (a client may reach a port that is bound but not
+            # yet SERVING, e.g. a round_robin client on a restarted replica): UNAVAILABLE, which
+            # clients retry, not NOT_FOUND for a model that is about to be there.
+            raise NotReadyError("the server is starting: its models are loading; retry shortly")
         if not name:
             if self.default_model is None:
                 raise ModelNotFoundError(

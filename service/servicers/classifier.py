@@ -31,7 +31,7 @@ from textserve.v1 import classifier_pb2_grpc as pb_grpc
 if TYPE_CHECKING:
     from textserve.service.engine.handle import ClassifyResult, ModelHandle
     from textserve.service.metrics import Metrics
-    from textserve.service.servicers.context import ServingContext
+    from textserve.service.servicers.context import ServingContext, Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -91,24 +91,30 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
         metrics: Metrics | None,
         *,
         stream_max_inflight: int = 32,  # ServerConfig.stream_max_inflight
+        telemetry: Telemetry | None = None,  # tracing and the access log, when on
     ) -> None:
         self._repository = repository
+        self._telemetry = telemetry
         self._metrics = metrics
         self._stream_max_inflight = stream_max_inflight
 
     async def _classify(
-        self, request: pb.ClassifyRequest, deadline: float | None, method: str
+        self, request: pb.ClassifyRequest, deadline: float | None, method: str, context: Any
     ) -> pb.ClassifyResponse:
-        with observed(self._metrics, method, deadline) as seen:
+        with observed(
+            self._metrics, method, deadline, context=context, telemetry=self._telemetry
+        ) as seen:
             handle = self._repository.get(model_name(request.model), request.version or None)
-            seen.model = handle.name
+            seen.reached(handle.name, handle.version, request.texts)
             truncate = request.truncate if request.HasField("truncate") else True
-            result = await handle.classify(request.texts, truncate=truncate, deadline=deadline)
+            seen.result = result = await handle.classify(
+                request.texts, truncate=truncate, deadline=deadline, trace=seen.trace
+            )
             return build_response(request, handle, result)
 
     @grpc_errors
     async def Classify(self, request: pb.ClassifyRequest, context: Any) -> pb.ClassifyResponse:
-        return await self._classify(request, deadline_of(context), "Classify")
+        return await self._classify(request, deadline_of(context), "Classify", context)
 
     @grpc_errors
     async def ClassifyStream(
@@ -130,7 +136,7 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
 
         async def answer(request: pb.ClassifyRequest) -> None:
             try:
-                response = await self._classify(request, deadline, "ClassifyStream")
+                response = await self._classify(request, deadline, "ClassifyStream", context)
             except Exception as exc:
                 log_unexpected(exc, "ClassifyStream")
                 response = pb.ClassifyResponse(
@@ -252,7 +258,10 @@ def register(server: grpc.aio.Server, ctx: ServingContext) -> list[str]:
     """Add the Classifier service to `server`; returns its full name for health and reflection."""
     pb_grpc.add_ClassifierServicer_to_server(
         ClassifierServicer(
-            ctx.repository, ctx.metrics, stream_max_inflight=ctx.config.stream_max_inflight
+            ctx.repository,
+            ctx.metrics,
+            stream_max_inflight=ctx.config.stream_max_inflight,
+            telemetry=ctx.telemetry,
         ),
         server,
     )

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
+from textserve.service.access_log import AccessLog
 from textserve.service.config import ServerConfig
 from textserve.service.metrics import Metrics
 from textserve.service.repository.core import ModelRepository
+from textserve.service.tracing import Tracing
+
+
+@dataclass
+class Telemetry:
+    """What observed() reports a request to besides the metrics: each None when off."""
+
+    tracing: Tracing | None = None  # --otlp-endpoint
+    access_log: AccessLog | None = None  # --access-log json
 
 
 @dataclass
@@ -19,6 +29,7 @@ class ServingContext:
     config: ServerConfig
     repository: ModelRepository
     metrics: Metrics
+    telemetry: Telemetry = field(default_factory=Telemetry)
     # --workers: applies an admin change (op, model, version) on every other worker and returns
     # when they all have (service/worker.py); None in a single process
     relay: Callable[[str, str, int | None], Awaitable[None]] | None = None

@@ -145,14 +145,25 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         deadline = deadline_of(context)
         # The name asked for: the metrics count unknown names as one label value.
-        with observed(self._ctx.metrics, METHOD, deadline, request.model_name) as seen:
+        ctx = self._ctx
+        with observed(
+            ctx.metrics,
+            METHOD,
+            deadline,
+            request.model_name,
+            context=context,
+            telemetry=ctx.telemetry,
+        ) as seen:
             # The model first, as Triton does: NOT_FOUND wins over a bad tensor.
             handle = self._handle(request.model_name, request.model_version)
             seen.model = handle.name
             decoded = decode_request(request)
-            options = {} if decoded.truncate is None else {"truncate": decoded.truncate}
+            seen.reached(handle.name, handle.version, decoded.texts)
+            truncate = True if decoded.truncate is None else decoded.truncate  # classify's default
             try:
-                result = await handle.classify(decoded.texts, deadline=deadline, **options)
+                seen.result = result = await handle.classify(
+                    decoded.texts, truncate=truncate, deadline=deadline, trace=seen.trace
+                )
             except ValidationError as exc:
                 # The core speaks of texts[i]; OIP clients sent a tensor.
                 raise ValidationError(f"input tensor {INPUT_NAME!r}: {exc}") from None

@@ -18,7 +18,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -37,7 +37,10 @@ from textserve.service.errors import (
 )
 
 if TYPE_CHECKING:
+    from textserve.service.engine.handle import ClassifyResult
     from textserve.service.metrics import Metrics
+    from textserve.service.servicers.context import Telemetry
+    from textserve.service.tracing import RequestTrace
 
 logger = logging.getLogger(__name__)
 
@@ -121,26 +124,54 @@ def deadline_of(context: Any) -> float | None:
 
 
 class Seen:
-    """What an observed request learnt on its way: the model it reached (its metrics label)."""
+    """What an observed request learnt on its way: the model it reached (its metrics label),
+    and for tracing and the access log its version, texts and result; `trace` is the request's
+    trace (pass it to ModelHandle.classify) when tracing is on."""
 
-    __slots__ = ("model",)
+    __slots__ = ("model", "result", "texts", "trace", "version")
 
     def __init__(self, model: str) -> None:
         self.model = model
+        self.version: int | None = None
+        self.texts: Sequence[str] | None = None
+        self.result: ClassifyResult | None = None
+        self.trace: RequestTrace | None = None
+
+    def reached(self, name: str, version: int, texts: Sequence[str]) -> None:
+        """The request reached `version` of model `name` with `texts`."""
+        self.model = name
+        self.version = version
+        self.texts = texts
 
 
 @contextlib.contextmanager
 def observed(
-    metrics: Metrics | None, method: str, deadline: float | None, model: str = ""
+    metrics: Metrics | None,
+    method: str,
+    deadline: float | None,
+    model: str = "",
+    *,
+    context: Any = None,
+    telemetry: Telemetry | None = None,
 ) -> Iterator[Seen]:
     """Count one request in `textserve_request_duration_seconds` with its final status code.
 
     `model` is the name asked for (an unknown one is counted as one label value by the
     metrics); set `seen.model` once the request reached a model. A handler cancelled by grpc
     counts as DEADLINE_EXCEEDED when the caller's deadline has passed (grpc cancels the handler
-    then too), else as CANCELLED; an exception counts with its code from the table above."""
+    then too), else as CANCELLED; an exception counts with its code from the table above.
+
+    With `telemetry` (and the call's `context`, for its metadata and peer) the request is also
+    traced (its span, parent: the caller's traceparent; a sampled one's trace id becomes the
+    latency bucket's exemplar) and access-logged, each only when it is on."""
     started = time.perf_counter()
     seen = Seen(model)
+    if telemetry is not None and telemetry.tracing is None and telemetry.access_log is None:
+        telemetry = None  # both off: nothing more to do than the metrics
+    if telemetry is not None and telemetry.tracing is not None:
+        seen.trace = telemetry.tracing.start_request(
+            method, None if context is None else context.invocation_metadata()
+        )
     code = "OK"
     try:
         yield seen
@@ -152,5 +183,48 @@ def observed(
         code = code_name(exc)
         raise
     finally:
+        seconds = time.perf_counter() - started
+        exemplar = None
+        if telemetry is not None:
+            exemplar = _report(telemetry, seen, method, code, seconds, context)
         if metrics is not None:
-            metrics.observe_request(method, seen.model, code, time.perf_counter() - started)
+            metrics.observe_request(method, seen.model, code, seconds, exemplar)
+
+
+def _report(
+    telemetry: Telemetry, seen: Seen, method: str, code: str, seconds: float, context: Any
+) -> dict[str, str] | None:
+    """End the request's span and write its access log line; the exemplar of a sampled
+    request. Never raises: observing a request must not change its outcome."""
+    result, trace = seen.result, seen.trace
+    # A name that reached no model is the caller's text: never megabytes of it in a log line.
+    model = seen.model if seen.version is not None else seen.model[:MAX_NAME_CHARS]
+    tokens = None if result is None else int(result.num_tokens.sum())
+    timings = None if result is None else result.timings
+    try:
+        if trace is not None:
+            trace.finish(
+                code,
+                model=model,
+                version=seen.version,
+                texts=None if seen.texts is None else len(seen.texts),
+                tokens=tokens,
+                timings=timings,
+            )
+        access_log = telemetry.access_log
+        if access_log is not None:
+            access_log.write(
+                method=method,
+                peer="" if context is None else context.peer(),
+                model=model,
+                version=seen.version,
+                texts=seen.texts,
+                tokens=tokens,
+                status=code,
+                timings=timings,
+                seconds=seconds,
+                trace_id=None if trace is None else trace.trace_id,
+            )
+    except Exception:
+        logger.exception("observing a %s request failed", method)
+    return {"trace_id": trace.trace_id} if trace is not None and trace.sampled else None

@@ -32,6 +32,8 @@ def test_a_tiny_benchmark_runs_every_phase_against_real_servers(
         warmup=0.2,
         duration=0.5,
         batching_off_concurrency=4,
+        tracing_concurrency=4,
+        trace_sample_ratio=1.0,
         intra_op_threads=1,
     )
     lines: list[str] = []
@@ -45,6 +47,8 @@ def test_a_tiny_benchmark_runs_every_phase_against_real_servers(
         ("batching", "closed", 2, 4),
         ("batching", "open", None, 1),
         ("batching-off", "closed", 4, 1),
+        ("tracing-off", "closed", 4, 1),
+        ("tracing-100%", "closed", 4, 1),
         ("echo", "closed", results["loadgen_check"]["concurrency"], 1),
         ("trivial", "closed", results["loadgen_check"]["concurrency"], 1),
     }
@@ -59,6 +63,10 @@ def test_a_tiny_benchmark_runs_every_phase_against_real_servers(
             assert srv["cpu_per_text_ms"] > 0, key
     assert steps[("batching-off", "closed", 4, 1)]["server_metrics"]["mean_batch_size"] == 1.0
     assert results["machine"]["providers"]["tiny"] == "CPUExecutionProvider"
+    # tracing on exported real spans to the sink, at least one per request
+    tracing = results["tracing"]
+    assert tracing["spans_received"] >= steps[("tracing-100%", "closed", 4, 1)]["requests"]
+    assert set(tracing["p99_ms"]) == {"off", "on"}
 
     # ceilings ran at the batch sizes the server reached, PyTorch from the tiny run
     ort = results["ceilings"]["onnxruntime"]

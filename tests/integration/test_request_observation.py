@@ -62,8 +62,10 @@ def test_a_deadline_expiring_in_the_queue_is_counted_deadline_exceeded(
         if not core_deadline:
             submit = handle.batcher.submit
 
-            async def without_deadline(*args: Any, deadline: float | None = None) -> Any:
-                return await submit(*args)
+            async def without_deadline(
+                *args: Any, deadline: float | None = None, **options: Any
+            ) -> Any:
+                return await submit(*args, **options)
 
             handle.batcher.submit = without_deadline  # type: ignore[method-assign]
         srv.call(handle.batcher.pause)  # the texts wait in the queue until the deadline passes

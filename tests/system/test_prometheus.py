@@ -8,7 +8,9 @@ deploy/grafana/dashboards/textserve.json (and its template variables) must retur
 with a finite value: a panel whose query names a wrong metric or label fails here.
 
 Twice: against one process, and against `textserve serve --workers 2` (the supervisor's one
-/metrics over both workers, prometheus-client's multiprocess mode).
+/metrics over both workers, prometheus-client's multiprocess mode). The one process traces
+every request (to an OTLP receiver in the test) and Prometheus stores exemplars: the latency
+histogram's exemplars carry the trace ids the receiver got.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.otlp import Receiver, otlp_receiver
 from tests.serving import running_server, serve_subprocess
 from textserve.client import Client, ClientError
 
@@ -123,16 +126,31 @@ class Served:
     metrics_port: int
     model: str
     connections: int = 1  # what the traffic's client opens (one per worker and more)
+    traced: bool = False  # every request traced to the module's OTLP receiver
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    with otlp_receiver() as running:
+        yield running
 
 
 @pytest.fixture(scope="module", params=["one process", "2 workers"])
-def server(request: pytest.FixtureRequest, tiny_repository: Path) -> Iterator[Served]:
+def server(
+    request: pytest.FixtureRequest, tiny_repository: Path, receiver: Receiver
+) -> Iterator[Served]:
     if request.param == "one process":
-        with running_server(tiny_repository, metrics_port=0, metrics_host="127.0.0.1") as running:
+        with running_server(
+            tiny_repository,
+            metrics_port=0,
+            metrics_host="127.0.0.1",
+            otlp_endpoint=receiver.endpoint,
+            trace_sample_ratio=1.0,
+        ) as running:
             assert running.server.metrics_port
             model = running.server.repository.default_model
             assert model
-            yield Served(running.address, running.server.metrics_port, model)
+            yield Served(running.address, running.server.metrics_port, model, traced=True)
         return
     with serve_subprocess(tiny_repository, "--workers", "2") as process:
         assert process.metrics_url is not None
@@ -192,6 +210,7 @@ def prometheus(server: Served, tmp_path_factory: pytest.TempPathFactory) -> Iter
                     f"--storage.tsdb.path={root / 'data'}",
                     f"--web.listen-address=127.0.0.1:{port}",
                     "--log.level=warn",
+                    "--enable-feature=exemplar-storage",  # as docker-compose.yml runs it
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -296,6 +315,38 @@ def test_errors_by_reason_show_the_failed_requests(
         )
 
     poll(invalid_argument_seen, "failed requests to show under reason invalid_argument")
+
+
+def test_prometheus_stores_trace_ids_as_exemplars(
+    server: Served, traffic: None, prometheus: Prometheus, receiver: Receiver
+) -> None:
+    """The p99 panel's exemplars: Prometheus scrapes the OpenMetrics exposition and keeps the
+    trace ids of sampled requests, traces the collector received. Under --workers there are
+    none: prometheus-client's multiprocess mode keeps no exemplars (a documented limit)."""
+    query = f'textserve_request_duration_seconds_bucket{{job="{JOB}", code="OK"}}'
+
+    def trace_ids() -> set[str]:
+        now = time.time()
+        data = prometheus.api(
+            "query_exemplars", query=query, start=str(now - 600), end=str(now + 60)
+        )
+        return {
+            e["labels"]["trace_id"]
+            for series in data
+            for e in series["exemplars"]
+            if "trace_id" in e["labels"]
+        }
+
+    if not server.traced:  # --workers: scraped requests, but no exemplar among them
+        poll(lambda: prometheus.query(query), "the latency histogram")
+        assert trace_ids() == set()
+        return
+    found = poll(trace_ids, "exemplars with trace ids")
+    assert all(re.fullmatch("[0-9a-f]{32}", t) for t in found), found
+    poll(
+        lambda: found & {s.trace_id for s in receiver.received()},
+        "the exemplars' traces at the OTLP receiver",
+    )
 
 
 def test_a_wrong_query_would_fail(prometheus: Prometheus, server: Served) -> None:

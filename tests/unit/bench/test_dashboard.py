@@ -67,6 +67,7 @@ def test_every_metric_queried_is_one_the_server_exports(dashboard: dict[str, Any
     metrics = Metrics(CollectorRegistry())
     metrics.init_model("m")
     metrics.set_model_info("m", 1, "CPUExecutionProvider")
+    metrics.for_predictions("m", 1, ["negative", "positive"])  # a version's prediction series
     exported = {s.name for family in metrics.registry.collect() for s in family.samples}
     for expr in exprs(dashboard):
         for name in re.findall(r"\b(textserve_\w+|process_\w+)", expr):
@@ -94,3 +95,18 @@ def test_queries_filter_on_the_model_variable(dashboard: dict[str, Any]) -> None
     for expr in exprs(dashboard):
         if "textserve_" in expr:
             assert 'model=~"$model"' in expr, expr
+
+
+def test_the_observability_panels(dashboard: dict[str, Any]) -> None:
+    """Issue 17: label shares and confidence over time, and the latency panel with exemplars
+    (trace ids of sampled requests)."""
+    everything = "\n".join(exprs(dashboard))
+    assert "rate(textserve_predictions_total" in everything
+    assert "textserve_prediction_confidence_bucket" in everything
+    with_exemplars = [
+        target["expr"]
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+        if target.get("exemplar")
+    ]
+    assert any("textserve_request_duration_seconds_bucket" in e for e in with_exemplars)

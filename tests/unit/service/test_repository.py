@@ -196,3 +196,19 @@ def test_pad_and_softmax() -> None:
     probs = softmax(np.array([[0.0, 0.0], [1000.0, 0.0]], dtype=np.float32))
     np.testing.assert_allclose(probs, [[0.5, 0.5], [1.0, 0.0]])
     assert probs.dtype == np.float32
+
+
+def test_a_request_before_startup_has_loaded_is_unavailable_not_not_found(tmp_path: Path) -> None:
+    # A client can reach a bound port before it is SERVING (a round_robin client on a replica
+    # that restarts): it must get UNAVAILABLE (NotReadyError), which clients retry, not
+    # NOT_FOUND for the model that is loading.
+    make_version(tmp_path, "m", 1)
+    repository = ModelRepository(ServerConfig(repository=tmp_path), Metrics(CollectorRegistry()))
+    for name in (None, "m"):
+        with pytest.raises(NotReadyError, match="starting"):
+            repository.get(name)
+
+    async def body(repository: ModelRepository) -> None:
+        assert repository.get().name == "m"  # once loaded
+
+    with_repository(tmp_path, body, model="m")
