@@ -130,11 +130,17 @@ def channel_credentials(
 
 # Per-request balancing over every address of the target, and transparent retries of calls
 # that no replica could take (UNAVAILABLE: connection refused or reset, a draining server's
-# GOAWAY). Classify is idempotent (no state changes), so a retried call cannot classify twice
+# GOAWAY; CANCELLED: a server that shuts down cancels the calls it had received but not yet
+# started — seen under load at a replica's SIGTERM; a call the caller cancels itself is never
+# retried). Classify is idempotent (no state changes), so a retried call cannot classify twice
 # in any way that matters; streams are left out (their messages are not replayable).
+# Client-side health checking (gRPC A17, `healthCheckConfig`): each connection watches
+# grpc.health.v1 and round_robin picks only SERVING replicas, so a replica that is warming up
+# after a restart, or draining after SIGTERM (NOT_SERVING at once), gets no new calls.
 RETRIED_METHODS = ("Classify", "ListModels", "GetModel")
 SERVICE_CONFIG: dict[str, Any] = {
     "loadBalancingConfig": [{"round_robin": {}}],
+    "healthCheckConfig": {"serviceName": ""},
     "methodConfig": [
         {
             "name": [{"service": "textserve.v1.Classifier", "method": m} for m in RETRIED_METHODS],
@@ -143,7 +149,7 @@ SERVICE_CONFIG: dict[str, Any] = {
                 "initialBackoff": "0.05s",
                 "maxBackoff": "1s",
                 "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE"],
+                "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
             },
         }
     ],

@@ -51,3 +51,27 @@ def test_a_server_that_is_gone_is_skipped_without_a_failed_request(repository: P
         for _ in range(10):
             assert client.classify(["still answered"]).predictions
         assert served(alive) == 10
+
+
+def test_a_server_that_is_not_serving_gets_no_requests_until_it_serves_again(
+    repository: Path,
+) -> None:
+    """Client-side health checking (healthCheckConfig): round_robin picks only replicas whose
+    grpc.health.v1 status is SERVING, e.g. not one that is warming up or draining."""
+    from textserve.service.health import NOT_SERVING, SERVING
+
+    with running_server(repository) as a, running_server(repository) as b:
+        def set_health(status: int) -> None:
+            asyncio.run_coroutine_threadsafe(b.server.health.set("", status), b.loop).result(30)
+
+        set_health(NOT_SERVING)
+        with Client([a.address, b.address], timeout=30) as client:
+            for _ in range(20):
+                client.classify(["only a"])
+            assert (served(a), served(b)) == (20, 0)
+            set_health(SERVING)
+            for _ in range(200):  # the watch tells the client within a moment
+                client.classify(["both again"])
+                if served(b):
+                    break
+            assert served(b) > 0

@@ -47,5 +47,6 @@ def test_the_service_config_balances_and_retries_unavailable() -> None:
     assert config["loadBalancingConfig"] == [{"round_robin": {}}]
     (method,) = config["methodConfig"]
     assert {"service": "textserve.v1.Classifier", "method": "Classify"} in method["name"]
-    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
+    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
+    assert config["healthCheckConfig"] == {"serviceName": ""}  # round_robin skips NOT_SERVING
     assert options["grpc.enable_retries"] == 1
