@@ -242,13 +242,13 @@ async def open_loop(
 def response_id(data: bytes) -> tuple[bytes, bool]:
     """The `id` (field 1) of a serialized ClassifyResponse and whether it is an error response,
     without parsing it: protobuf serializers write fields in field-number order, so a non-empty
-    id comes first, and an error response (id and `error`, field 6) has `error` next where an
+    id comes first, and an error response (id and `error`, field 7) has `error` next where an
     answer has `model` (field 2). The load generator matches answers to requests by id (a
     stream answers in completion order).
 
     >>> response_id(b"\\x0a\\x0212\\x12\\x01m")
     (b'12', False)
-    >>> response_id(b"\\x0a\\x0212\\x32\\x02\\x08\\x08")
+    >>> response_id(b"\\x0a\\x0212\\x3a\\x02\\x08\\x08")
     (b'12', True)
     """
     if len(data) < 2 or data[0] != 0x0A:
@@ -257,7 +257,7 @@ def response_id(data: bytes) -> tuple[bytes, bool]:
     if length & 0x80:  # a two-byte varint length: ids of 128+ bytes (never ours)
         length, start = (length & 0x7F) | (data[2] << 7), 3
     end = start + length
-    return data[start:end], data[end : end + 1] == b"\x32"
+    return data[start:end], data[end : end + 1] == b"\x3a"
 
 
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
