@@ -61,6 +61,9 @@ bench: venv
 	$(PY) -m textserve.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
 	$(PY) -m textserve.cli bench --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
 	  $(BENCH_ARGS)
+	$(PY) -m textserve.cli bench --repository $(REPOSITORY) --model $(MODEL) --api stream \
+	  --concurrency 128,512 --multi-texts-per-request 0 --batching-off-concurrency 0 \
+	  --workers off --no-torch --output bench/results/stream
 	$(PY) -m textserve.bench.perf_analyzer --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
 	  --concurrency 1,4,16,64,128 --request-rates half-peak
 	$(PY) -m textserve.export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \

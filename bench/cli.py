@@ -52,9 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--metrics-url", help="that server's /metrics URL (for CPU and batches)")
     target.add_argument(
         "--api",
-        choices=("v1", "oip"),
+        choices=("v1", "oip", "stream"),
         default="v1",
-        help="textserve.v1 Classify or KServe v2 ModelInfer (default: v1)",
+        help="textserve.v1 Classify, KServe v2 ModelInfer, or textserve.v1 ClassifyStream "
+        "(closed steps of --streams streams; unary rows beside them) (default: v1)",
     )
     target.add_argument(
         "--server-args",
@@ -125,6 +126,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="connections of the comparison, the same for every count (0: 2 per worker)",
+    )
+    load.add_argument(
+        "--streams",
+        type=int,
+        default=4,
+        help="--api stream: a step of concurrency C is min(streams, C) streams with C // streams "
+        "messages in flight each (4)",
+    )
+    load.add_argument(
+        "--unary-concurrency",
+        type=_ints,
+        default=(128,),
+        help="--api stream: unary Classify steps on the same server, for comparison (128)",
     )
     extra = parser.add_argument_group("ceilings and checks")
     extra.add_argument(
@@ -201,6 +215,8 @@ def build_config(args: argparse.Namespace) -> object:
         raise CliError("--intra-op-threads and --batching-off-concurrency must be 0 or more")
     if args.connections < 0:
         raise CliError("--connections must be 0 (2 per worker) or more")
+    if args.streams < 1:
+        raise CliError(f"--streams must be at least 1, got {args.streams}")
     return BenchConfig(
         repository=args.repository,
         model=args.model,
@@ -230,6 +246,8 @@ def build_config(args: argparse.Namespace) -> object:
         workers=_workers(args.workers),
         workers_concurrency=args.workers_concurrency,
         connections=args.connections,
+        streams=args.streams,
+        unary_concurrency=args.unary_concurrency,
     )
 
 

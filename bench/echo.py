@@ -2,17 +2,21 @@
 
     python -m textserve.bench.echo   # prints "listening on 127.0.0.1:PORT"; runs until killed
 
-It answers textserve.v1 Classify and inference ModelInfer with a canned result per text (the
+It answers textserve.v1 Classify and ClassifyStream (one answer per message, written with
+context.write as textserve does) and inference ModelInfer with a canned result per text (the
 request is parsed, the answer built and serialized, like a real server's transport work), and
-grpc.health.v1 SERVING. What the load generator drives against it bounds what it can drive
-against textserve on the same machine: when that is well above textserve's peak, the load
-generator is not what limits the figures.
+grpc.health.v1 SERVING. The stream's figure is the transport's per-message floor. What the
+load generator drives against it bounds what it can drive against textserve on the same
+machine: when that is well above textserve's peak, the load generator is not what limits the
+figures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -30,6 +34,18 @@ def _handlers() -> list[grpc.GenericRpcHandler]:
             model_version=1,
             results=[pb.TextResult(label="echo", score=1.0) for _ in request.texts],
         )
+
+    def answer(request: pb.ClassifyRequest) -> pb.ClassifyResponse:
+        return pb.ClassifyResponse(
+            id=request.id,
+            model="echo",
+            model_version=1,
+            results=[pb.TextResult(label="echo", score=1.0) for _ in request.texts],
+        )
+
+    async def classify_stream(requests: AsyncIterator[pb.ClassifyRequest], context: Any) -> None:
+        async for request in requests:
+            await context.write(answer(request))
 
     async def model_infer(
         request: oip.ModelInferRequest, context: object
@@ -52,7 +68,12 @@ def _handlers() -> list[grpc.GenericRpcHandler]:
                     classify,
                     request_deserializer=pb.ClassifyRequest.FromString,
                     response_serializer=pb.ClassifyResponse.SerializeToString,
-                )
+                ),
+                "ClassifyStream": grpc.stream_stream_rpc_method_handler(
+                    classify_stream,
+                    request_deserializer=pb.ClassifyRequest.FromString,
+                    response_serializer=pb.ClassifyResponse.SerializeToString,
+                ),
             },
         ),
         grpc.method_handlers_generic_handler(

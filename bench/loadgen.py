@@ -1,9 +1,12 @@
-"""The load generator: closed loop (N callers, each waits for its answer) and open loop (Poisson
-arrivals at a fixed rate), many coroutines over grpc.aio channels in this process: one by
-default, `connections=N` for a server of N worker processes (the kernel hands each worker
-whole connections, so one connection would load one worker).
+"""The load generator: closed loop (N callers, each waits for its answer), open loop (Poisson
+arrivals at a fixed rate) and streams (N ClassifyStream calls with M messages in flight each),
+many coroutines over grpc.aio channels in this process: one by default, `connections=N` for a
+server of N worker processes (the kernel hands each worker whole connections, so one
+connection would load one worker).
 
     raw = asyncio.run(closed_loop("127.0.0.1:50051", pool, concurrency=64, warmup=1, duration=5))
+    raw = asyncio.run(stream_loop("127.0.0.1:50051", pool, streams=4, inflight=32, warmup=1,
+                                  duration=5))
 
 It must stay cheap because it shares the machine with the server: requests are serialized
 ahead (see requests.py) and answers are not parsed — a gRPC status is all a step needs.
@@ -36,8 +39,11 @@ CHANNEL_OPTIONS = [
 
 
 @contextlib.asynccontextmanager
-async def _calls(target: str, method: str, connections: int) -> AsyncIterator[list[Any]]:
-    """One bytes-in, bytes-out call object per connection (its own channel and connection)."""
+async def _calls(
+    target: str, method: str, connections: int, stream: bool = False
+) -> AsyncIterator[list[Any]]:
+    """One bytes-in, bytes-out call object per connection (its own channel and connection);
+    `stream`: a bidirectional-streaming one."""
     if connections < 1:
         raise ValueError(f"connections must be at least 1, got {connections}")
     options = [CHANNEL_OPTIONS]
@@ -50,7 +56,7 @@ async def _calls(target: str, method: str, connections: int) -> AsyncIterator[li
     try:
         await asyncio.gather(*(c.channel_ready() for c in channels))
         # no (de)serialization: requests are serialized ahead, answers not parsed
-        yield [c.unary_unary(method) for c in channels]
+        yield [c.stream_stream(method) if stream else c.unary_unary(method) for c in channels]
     finally:
         await asyncio.gather(*(c.close() for c in channels))
 
@@ -228,6 +234,119 @@ async def open_loop(
             await asyncio.gather(*tasks)
     raw.texts = done_in_window * per_request
     raw.requests_done = done_in_window
+    raw.loadgen_cpu_seconds = window.cpu
+    raw.machine_cpu_share = window.machine_share
+    return raw, window.samples
+
+
+def response_id(data: bytes) -> tuple[bytes, bool]:
+    """The `id` (field 1) of a serialized ClassifyResponse and whether it is an error response,
+    without parsing it: protobuf serializers write fields in field-number order, so a non-empty
+    id comes first, and an error response (id and `error`, field 7) has `error` next where an
+    answer has `model` (field 2). The load generator matches answers to requests by id (a
+    stream answers in completion order).
+
+    >>> response_id(b"\\x0a\\x0212\\x12\\x01m")
+    (b'12', False)
+    >>> response_id(b"\\x0a\\x0212\\x3a\\x02\\x08\\x08")
+    (b'12', True)
+    """
+    if len(data) < 2 or data[0] != 0x0A:
+        return b"", False
+    length, start = data[1], 2
+    if length & 0x80:  # a two-byte varint length: ids of 128+ bytes (never ours)
+        length, start = (length & 0x7F) | (data[2] << 7), 3
+    end = start + length
+    return data[start:end], data[end : end + 1] == b"\x3a"
+
+
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+def _error_code(data: bytes) -> str:
+    """The gRPC code name of an error response."""
+    from textserve.v1 import classifier_pb2 as pb
+
+    return _CODE_NAMES.get(pb.ClassifyResponse.FromString(data).error.code, "UNKNOWN")
+
+
+async def stream_loop(
+    target: str,
+    pool: RequestPool,
+    streams: int,
+    inflight: int,
+    *,
+    warmup: float,
+    duration: float,
+    timeout: float = 10.0,
+    probe: Probe | None = None,
+    connections: int = 1,
+) -> tuple[RawStep, list[Any]]:
+    """`streams` ClassifyStream calls (stream i over connection i mod `connections`), each
+    keeping `inflight` messages unanswered: a message is sent as soon as one is answered (a
+    closed loop per stream). Latency: from a message's write to its answer's read. Counts the
+    messages answered inside the window. `pool.payloads` must carry distinct ids
+    (requests.build_requests does for the stream API)."""
+    if streams < 1 or inflight < 1:
+        raise ValueError(f"streams and inflight must be at least 1, got {streams}, {inflight}")
+    payloads = pool.payloads
+    n_payloads = len(payloads)
+    if inflight > n_payloads:
+        raise ValueError(f"inflight {inflight} is more than the {n_payloads} distinct requests")
+    ids = pool.ids
+    per_request = pool.texts_per_request
+    raw = RawStep(window_seconds=duration)
+    latencies = raw.latencies
+    errors = raw.errors
+    async with _calls(target, pool.method, connections, stream=True) as calls:
+        window = _Window(warmup, duration, probe)
+        start, end = window.start, window.end
+        clock = time.perf_counter
+
+        async def one_stream(index: int, call_factory: Any) -> None:
+            call = call_factory(timeout=warmup + duration + timeout)
+            sent: dict[bytes, float] = {}
+            permits = asyncio.Semaphore(inflight)
+
+            async def write() -> None:
+                i = index * 7919  # streams start at different texts
+                try:
+                    while clock() < end:
+                        await permits.acquire()
+                        k = i % n_payloads
+                        i += 1
+                        sent[ids[k]] = clock()
+                        await call.write(payloads[k])
+                    await call.done_writing()
+                except asyncio.InvalidStateError:  # the call ended (an error): read() says why
+                    pass
+
+            writer = asyncio.create_task(write())
+            try:
+                while True:
+                    data = await call.read()
+                    if data is grpc.aio.EOF:
+                        break
+                    done = clock()
+                    key, failed = response_id(data)
+                    sent_at = sent.pop(key, None)
+                    permits.release()
+                    if sent_at is None or not start <= done < end:
+                        continue
+                    if failed:
+                        errors[_error_code(data)] += 1
+                    else:
+                        latencies.append(done - sent_at)
+                await writer
+            except grpc.aio.AioRpcError as exc:
+                writer.cancel()
+                errors[exc.code().name] += 1
+
+        watcher = asyncio.create_task(window.watch())
+        await asyncio.gather(*(one_stream(i, calls[i % len(calls)]) for i in range(streams)))
+        await watcher
+    raw.texts = len(latencies) * per_request
+    raw.requests_done = len(latencies)
     raw.loadgen_cpu_seconds = window.cpu
     raw.machine_cpu_share = window.machine_share
     return raw, window.samples

@@ -148,6 +148,18 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _efficiency_line(name: str, per_request: str, e: dict[str, Any]) -> str:
+    sorted_part = (
+        f" (length-sorted in-process: {e['ratio_sorted']:.2f})" if "ratio_sorted" in e else ""
+    )
+    return (
+        f"efficiency{' of ' + name if name else ''} at {per_request} text(s)/request "
+        f"(c={e['concurrency']}, batch {e['batch_size']}): in-process "
+        f"{e['inprocess_cpu_per_text_ms']:.3f} / server {e['server_cpu_per_text_ms']:.3f} ms "
+        f"CPU/text = {e['ratio']:.2f}{sorted_part}"
+    )
+
+
 def format_table(results: dict[str, Any]) -> str:
     """The figures as fixed-width text: one row per step, then ceilings and targets."""
     header = (
@@ -167,6 +179,8 @@ def format_table(results: dict[str, Any]) -> str:
             if s["mode"] == "closed"
             else f"open {s['rate_requests_per_s']:.0f}/s"
         )
+        if s.get("streams"):
+            load = f"stream {s['streams']}x{s['inflight_per_stream']}"
         lat = s["latency_ms"]
         srv = s.get("server_metrics") or {}
         errors = sum(s["errors"].values()) + s.get("not_sent", 0)
@@ -206,15 +220,10 @@ def format_table(results: dict[str, Any]) -> str:
                     f"{c['texts_per_s']:.0f} texts/s, {c['cpu_per_text_ms']:.3f} ms CPU/text, "
                     f"padding {c['padding_ratio']:.2f}"
                 )
-    for per_request, e in sorted((results.get("efficiency") or {}).items()):
-        sorted_part = (
-            f" (length-sorted in-process: {e['ratio_sorted']:.2f})" if "ratio_sorted" in e else ""
-        )
-        lines.append(
-            f"efficiency at {per_request} text(s)/request (c={e['concurrency']}, batch "
-            f"{e['batch_size']}): in-process {e['inprocess_cpu_per_text_ms']:.3f} / server "
-            f"{e['server_cpu_per_text_ms']:.3f} ms CPU/text = {e['ratio']:.2f}{sorted_part}"
-        )
+    stream = (results.get("config") or {}).get("api") == "stream"
+    for name, key in (("stream" if stream else "", "efficiency"), ("unary", "efficiency_unary")):
+        for per_request, e in sorted((results.get(key) or {}).items()):
+            lines.append(_efficiency_line(name, per_request, e))
     check = results.get("loadgen_check") or {}
     if check:
         trivial = check.get("trivial_texts_per_s")
@@ -229,6 +238,11 @@ def format_table(results: dict[str, Any]) -> str:
             f"{_fmt(check.get('echo_cpu_per_text_ms'), 3)} ms, textserve without the model "
             f"(trivial) {_fmt(check.get('trivial_cpu_per_text_ms'), 3)} ms, with the model "
             f"{_fmt(check.get('real_cpu_per_text_ms'), 3)} ms"
+            + (
+                f"; echo over unary calls {_fmt(check['echo_unary_cpu_per_text_ms'], 3)} ms"
+                if check.get("echo_unary_cpu_per_text_ms") is not None
+                else ""
+            )
         )
     lines.append("targets:")
     for t in results.get("targets", []):

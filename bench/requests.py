@@ -4,23 +4,28 @@
     pool = build_requests(texts, "v1", texts_per_request=16, model="default")
     pool.payloads[0]                                    # bytes, sent as they are
 
+The "stream" API sends the same textserve.v1 ClassifyRequests as "v1", over ClassifyStream,
+each with its own id (`pool.ids`): a stream answers in completion order.
+
 Serializing ahead keeps the load generator's per-call cost to the gRPC call itself, so it can
 drive more than the server on the same two cores.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-APIS = ("v1", "oip")
+APIS = ("v1", "oip", "stream")
 # Full method names of the calls the load generator makes, per API.
 METHODS = {
     "v1": "/textserve.v1.Classifier/Classify",
     "oip": "/inference.GRPCInferenceService/ModelInfer",
+    "stream": "/textserve.v1.Classifier/ClassifyStream",
 }
 TEST_SPLIT = "test.jsonl"
 
@@ -35,6 +40,7 @@ class RequestPool:
     method: str  # full gRPC method name
     texts_per_request: int
     payloads: list[bytes]  # serialized requests, used round-robin
+    ids: list[bytes] = dataclasses.field(default_factory=list)  # "stream": each payload's id
 
 
 def load_texts(source: Path, text_field: str = "text") -> list[str]:
@@ -81,10 +87,10 @@ def sample_batches(
     return [order[i * texts_per_request : (i + 1) * texts_per_request] for i in range(count)]
 
 
-def _v1_request(texts: list[str], model: str) -> bytes:
+def _v1_request(texts: list[str], model: str, request_id: str = "") -> bytes:
     from textserve.v1 import classifier_pb2 as pb
 
-    return pb.ClassifyRequest(texts=texts, model=model).SerializeToString()
+    return pb.ClassifyRequest(id=request_id, texts=texts, model=model).SerializeToString()
 
 
 def _oip_request(texts: list[str], model: str) -> bytes:
@@ -108,6 +114,11 @@ def build_requests(
     """A pool of `count` serialized requests of `texts_per_request` texts each."""
     if api not in APIS:
         raise BenchInputError(f"--api must be one of {', '.join(APIS)}, got {api!r}")
-    encode = _v1_request if api == "v1" else _oip_request
     batches = sample_batches(texts, texts_per_request, count, seed)
+    if api == "stream":
+        ids = [str(i) for i in range(count)]
+        payloads = [_v1_request(b, model, i) for b, i in zip(batches, ids, strict=True)]
+        keys = [i.encode() for i in ids]
+        return RequestPool(api, METHODS[api], texts_per_request, payloads, keys)
+    encode = _v1_request if api == "v1" else _oip_request
     return RequestPool(api, METHODS[api], texts_per_request, [encode(b, model) for b in batches])

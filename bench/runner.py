@@ -44,7 +44,7 @@ class BenchConfig:
     model: str = "default"
     server: str | None = None  # host:port of a running server; None: start one per phase
     metrics_url: str | None = None  # that server's /metrics (CPU, batch sizes); None: no figures
-    api: str = "v1"  # v1 (textserve.v1 Classify) or oip (inference ModelInfer)
+    api: str = "v1"  # v1 (Classify), oip (inference ModelInfer) or stream (ClassifyStream)
     texts: Path | None = None  # a run dir (its test.jsonl) or JSONL; default runs/<model>
     run_dir: Path | None = None  # checkpoint for the PyTorch ceiling; default runs/<model>
     concurrency: tuple[int, ...] = (1, 4, 16, 64, 128, 256)  # closed-loop callers per step
@@ -72,6 +72,11 @@ class BenchConfig:
     workers: tuple[int, ...] = ()
     workers_concurrency: tuple[int, ...] = (64, 128)
     connections: int = 0
+    # --api stream: a closed step of `concurrency` C is min(streams, C) ClassifyStream calls
+    # with C // streams messages in flight each; the same server also answers unary Classify
+    # at unary_concurrency callers ("unary" rows), so unary and stream compare in one run
+    streams: int = 4
+    unary_concurrency: tuple[int, ...] = (128,)
 
 
 class _Bench:
@@ -109,7 +114,18 @@ class _Bench:
                 return scrape.ServerSample(time.perf_counter(), scrape.process_cpu_seconds(pid))
             return None
 
-        if concurrency is not None:
+        streams = None
+        if concurrency is not None and pool.api == "stream":
+            streams = min(cfg.streams, concurrency)
+            raw, samples = asyncio.run(
+                loadgen.stream_loop(
+                    server.address, pool, streams, concurrency // streams, warmup=cfg.warmup,
+                    duration=cfg.duration, timeout=cfg.timeout, probe=probe,
+                    connections=connections,
+                )
+            )  # fmt: skip
+            mode = "closed"
+        elif concurrency is not None:
             raw, samples = asyncio.run(
                 loadgen.closed_loop(
                     server.address, pool, concurrency, warmup=cfg.warmup,
@@ -137,6 +153,10 @@ class _Bench:
             "connections": connections,
             **summarize(raw, self.cpus),
         }
+        if streams is not None and concurrency is not None:
+            result["api"] = "stream"
+            result["streams"] = streams
+            result["inflight_per_stream"] = concurrency // streams
         before, after = [*samples, None, None][:2]
         if before is not None and after is not None:
             if url is None:  # count the texts the load generator saw answered instead
@@ -164,6 +184,9 @@ class _Bench:
             return
         # one process unless --server-args or `extra` say otherwise (the last --workers wins)
         args = ["--workers", "1", "--intra-op-threads", str(cfg.intra_op_threads)]
+        if cfg.api == "stream":  # every message the load generator keeps in flight is read
+            inflight = max(c // min(cfg.streams, c) for c in cfg.concurrency)
+            args += ["--stream-max-inflight", str(inflight)]
         args += [*cfg.server_args, *extra]
         with start_server(repository, model, args) as server:
             self.log(f"server: {' '.join(server.command[2:])} (pid {server.pid})")
@@ -176,6 +199,8 @@ def _one_line(step: dict[str, Any]) -> str:
         if step["mode"] == "closed"
         else f"rate={step['rate_requests_per_s']:.0f}/s"
     )
+    if step.get("streams"):
+        load += f" ({step['streams']}x{step['inflight_per_stream']})"
     lat = step["latency_ms"]
     srv = step.get("server_metrics") or {}
     batch = srv.get("mean_batch_size")
@@ -221,9 +246,17 @@ def run_benchmark(config: BenchConfig, log: Log = print) -> dict[str, Any]:
             multi_pool = bench.pool(texts, cfg.multi_texts_per_request, cfg.model)
             for concurrency in cfg.multi_concurrency:
                 bench.step(server, "batching", multi_pool, cfg.model, concurrency=concurrency)
+        if cfg.api == "stream":  # the same server, one text per unary call, for comparison
+            unary_pool = build_requests(
+                texts, "v1", cfg.texts_per_request, cfg.model, seed=cfg.seed
+            )
+            for concurrency in cfg.unary_concurrency:
+                bench.step(server, "unary", unary_pool, cfg.model, concurrency=concurrency)
         peak = _peak(bench.steps, "batching", cfg.texts_per_request)
         rates = list(cfg.rates)
-        if not rates and peak is not None:
+        if cfg.api == "stream":  # an open loop of stream messages is not built: closed only
+            rates = []
+        elif not rates and peak is not None:
             rates = [f * peak["throughput_requests_per_s"] for f in cfg.open_loop]
         for rate in rates:
             if rate > 0:
@@ -265,6 +298,8 @@ def run_benchmark(config: BenchConfig, log: Log = print) -> dict[str, Any]:
         "tracing": tracing,
         "ceilings": ceiling_results,
         "efficiency": _efficiency(bench.steps, ceiling_results),
+        # --api stream: the same figure for the unary rows of the same server
+        "efficiency_unary": _efficiency(bench.steps, ceiling_results, "unary"),
         "workers": workers,
         "duration_s": time.time() - started,
     }
@@ -361,6 +396,15 @@ def _loadgen_check(
         bench.log(f"server: model-less echo server (pid {server.pid})")
         pool = bench.pool(texts, per_request, "echo")
         echo = bench.step(server, "echo", pool, "echo", concurrency=concurrency)
+        if bench.config.api == "stream":  # the transport's floor per unary call, same run
+            unary = build_requests(texts, "v1", per_request, "echo", seed=bench.config.seed)
+            for unary_concurrency in bench.config.unary_concurrency:
+                step = bench.step(
+                    server, "echo-unary", unary, "echo", concurrency=unary_concurrency
+                )
+                out["echo_unary_cpu_per_text_ms"] = (step.get("server_metrics") or {}).get(
+                    "cpu_per_text_ms"
+                )
     out["real_cpu_per_text_ms"] = (peak.get("server_metrics") or {}).get("cpu_per_text_ms")
     out["echo_cpu_per_text_ms"] = (echo.get("server_metrics") or {}).get("cpu_per_text_ms")
     out["echo_texts_per_s"] = echo["throughput_texts_per_s"]
@@ -389,8 +433,11 @@ def _ceilings(
         return {"skipped": f"no local copy of model {cfg.model!r} in {cfg.repository}"}
     out: dict[str, Any] = {"onnxruntime": {}, "torch": {}}
     sizes = set()
-    for per_request in {cfg.texts_per_request, cfg.multi_texts_per_request} - {0}:
-        peak = _peak(bench.steps, "batching", per_request)
+    for server, per_request in [
+        *(("batching", n) for n in {cfg.texts_per_request, cfg.multi_texts_per_request} - {0}),
+        ("unary", cfg.texts_per_request),
+    ]:
+        peak = _peak(bench.steps, server, per_request)
         batch = (peak or {}).get("server_metrics", {}).get("mean_batch_size")
         if batch:
             sizes.add(max(1, round(batch)))
@@ -420,12 +467,14 @@ def _ceilings(
     return out
 
 
-def _efficiency(steps: list[dict[str, Any]], ceiling_results: dict[str, Any]) -> dict[str, Any]:
+def _efficiency(
+    steps: list[dict[str, Any]], ceiling_results: dict[str, Any], server: str = "batching"
+) -> dict[str, Any]:
     """in-process CPU per text / server CPU per text, at each texts-per-request's peak step."""
     out: dict[str, Any] = {}
     ort = ceiling_results.get("onnxruntime") or {}
-    for per_request in sorted({s["texts_per_request"] for s in steps}):
-        peak = _peak(steps, "batching", per_request)
+    for per_request in sorted({s["texts_per_request"] for s in steps if s["server"] == server}):
+        peak = _peak(steps, server, per_request)
         srv = (peak or {}).get("server_metrics") or {}
         batch, server_cpu = srv.get("mean_batch_size"), srv.get("cpu_per_text_ms")
         if not batch or not server_cpu:

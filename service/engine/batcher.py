@@ -332,6 +332,50 @@ class Batcher(Generic[P]):
         when the deadline passes first, NotReadyError once closed. Texts are tokenized by the
         worker, after they are queued, so a refused request costs no tokenization.
         """
+        request = self._enqueue(payloads, lengths, deadline, trace)
+        try:
+            await request.future
+        finally:
+            self._release(request)
+        assert request.outputs is not None
+        return BatchResult(request.outputs, request.queue_seconds, request.run_seconds)
+
+    def submit_nowait(
+        self,
+        payloads: Sequence[P],
+        lengths: Sequence[int],
+        done: Callable[[BatchResult | None, BaseException | None], None],
+        *,
+        deadline: float | None = None,
+        trace: BatchTrace | None = None,
+    ) -> asyncio.Future[None]:
+        """submit() without a coroutine, for a caller with many requests in flight (a stream):
+        queue the items now (raising as submit() does) and call `done(result, None)` or
+        `done(None, exception)` on the loop when they are answered. Cancel the returned future
+        to drop the items (`done` then gets a CancelledError)."""
+        request = self._enqueue(payloads, lengths, deadline, trace)
+
+        def finished(future: asyncio.Future[None]) -> None:
+            self._release(request)
+            if future.cancelled():
+                done(None, asyncio.CancelledError())
+            elif (exc := future.exception()) is not None:
+                done(None, exc)
+            else:
+                assert request.outputs is not None
+                done(BatchResult(request.outputs, request.queue_seconds, request.run_seconds), None)
+
+        request.future.add_done_callback(finished)
+        return request.future
+
+    def _enqueue(
+        self,
+        payloads: Sequence[P],
+        lengths: Sequence[int],
+        deadline: float | None,
+        trace: BatchTrace | None = None,
+    ) -> _Request:
+        """Queue one request's items (see submit); _release it once its future is done."""
         n = len(payloads)
         if n == 0 or len(lengths) != n:
             raise ValueError(f"submit needs one length per payload, got {n} and {len(lengths)}")
@@ -363,15 +407,13 @@ class Batcher(Generic[P]):
         if deadline is not None:
             request.deadline = deadline
             request.timer = loop.call_later(deadline - now, self._expire, request)
-        try:
-            await request.future
-        finally:
-            if request.timer is not None:
-                request.timer.cancel()
-            self._inflight -= n
-            self._observer.on_inflight(self._inflight)
-        assert request.outputs is not None
-        return BatchResult(request.outputs, request.queue_seconds, request.run_seconds)
+        return request
+
+    def _release(self, request: _Request) -> None:
+        if request.timer is not None:
+            request.timer.cancel()
+        self._inflight -= request.n
+        self._observer.on_inflight(self._inflight)
 
     def _expire(self, request: _Request) -> None:
         if not request.future.done():

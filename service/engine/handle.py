@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -29,6 +29,7 @@ from textserve.service.config import BatcherConfig
 from textserve.service.engine.batcher import (
     Batcher,
     BatchOutput,
+    BatchResult,
     BatchStats,
     BatchTrace,
     RunStats,
@@ -283,9 +284,48 @@ class ModelHandle:
         try:
             return await self._classify(texts, truncate, deadline, trace)
         finally:
-            self._active -= 1
-            if not self._active and self._inactive is not None:
-                self._inactive.set()
+            self._finish_one()
+
+    def classify_nowait(
+        self,
+        texts: Sequence[str],
+        done: Callable[[ClassifyResult | None, BaseException | None], None],
+        *,
+        truncate: bool = True,
+        deadline: float | None = None,
+        trace: BatchTrace | None = None,
+    ) -> asyncio.Future[None]:
+        """classify() without a coroutine, for a caller with many requests in flight (a stream):
+        raises what classify() raises before queueing, else calls `done(result, None)` or
+        `done(None, exception)` on the loop. Cancel the returned future to give up on it."""
+        started = time.perf_counter()
+        payloads, lengths, cut = self._prepare(texts, truncate)
+
+        def finished(batch: BatchResult | None, exc: BaseException | None) -> None:
+            self._finish_one()
+            if batch is None:
+                done(None, exc)
+                return
+            try:
+                result = self._result(batch, cut, started)
+            except Exception as error:  # pragma: no cover - reading our own rows
+                done(None, error)
+                return
+            done(result, None)
+
+        self._active += 1  # in the same loop step as repository.get(): see classify()
+        try:
+            return self.batcher.submit_nowait(
+                payloads, lengths, finished, deadline=deadline, trace=trace
+            )
+        except BaseException:
+            self._finish_one()
+            raise
+
+    def _finish_one(self) -> None:
+        self._active -= 1
+        if not self._active and self._inactive is not None:
+            self._inactive.set()
 
     async def _classify(
         self,
@@ -295,6 +335,15 @@ class ModelHandle:
         trace: BatchTrace | None,
     ) -> ClassifyResult:
         started = time.perf_counter()
+        payloads, lengths, cut = self._prepare(texts, truncate)
+        result = await self.batcher.submit(payloads, lengths, deadline=deadline, trace=trace)
+        return self._result(result, cut, started)
+
+    def _prepare(
+        self, texts: Sequence[str], truncate: bool
+    ) -> tuple[list[_Text], list[int], list[int]]:
+        """Validate a request's texts: the batcher's payloads and estimated lengths, and the
+        positions of the texts cut by characters (see MAX_CHARS_PER_TOKEN)."""
         self._validate(texts)
         max_chars = MAX_CHARS_PER_TOKEN * self.max_length
         cut = [index for index, text in enumerate(texts) if len(text) > max_chars]
@@ -312,7 +361,9 @@ class ModelHandle:
         limit, per_token = self.max_length, self._chars_per_token
         payloads = [_Text(text, truncate, index, texts) for index, text in enumerate(texts)]
         lengths = [min(limit, int(len(text) / per_token) + 1) for text in texts]
-        result = await self.batcher.submit(payloads, lengths, deadline=deadline, trace=trace)
+        return payloads, lengths, cut
+
+    def _result(self, result: BatchResult, cut: list[int], started: float) -> ClassifyResult:
         rows = result.outputs
         num_tokens = rows["num_tokens"].astype(np.int64)
         truncated = rows["full_tokens"] > num_tokens

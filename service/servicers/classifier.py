@@ -122,6 +122,11 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
     ) -> None:
         """Answer each request of the stream as it completes (each response carries its id).
 
+        The fast path for bulk clients: a request goes from the reader straight into the
+        batcher with a callback (ModelHandle.classify_nowait), no task per message; its answer
+        is built in that callback, on the loop, as its batch finishes, and written in arrival
+        order of the answers. Per message that is one read, one queue entry and one write.
+
         Backpressure: a request holds one of `stream_max_inflight` permits from the moment it
         is read until its response has been written to grpc. Without a permit the stream reads
         no more requests, so a client that stops reading its responses stops the server reading
@@ -132,20 +137,59 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
         permits = asyncio.Semaphore(limit)
         # At most one response per permit, plus the end marker: put_nowait never finds it full.
         responses: asyncio.Queue[pb.ClassifyResponse | None] = asyncio.Queue(limit + 1)
-        tasks: set[asyncio.Task[None]] = set()
+        pending: set[asyncio.Future[None]] = set()  # requests in the batcher
+        reading = True
+        ended = False  # the handler returned: late answers (cancelled ones) go nowhere
 
-        async def answer(request: pb.ClassifyRequest) -> None:
-            try:
-                response = await self._classify(request, deadline, "ClassifyStream", context)
-            except Exception as exc:
-                log_unexpected(exc, "ClassifyStream")
-                response = pb.ClassifyResponse(
-                    id=request.id,
-                    error=pb.Status(code=grpc_code(exc).value[0], message=public_message(exc)),
-                )
+        def answered(response: pb.ClassifyResponse) -> None:
+            if ended:
+                return
             responses.put_nowait(response)
+            if not reading and not pending:
+                responses.put_nowait(None)  # the last answer of a finished request stream
+
+        def start(request: pb.ClassifyRequest) -> None:
+            """Validate `request` and queue its texts; its answer (or error) comes through
+            `answered`, counted in the metrics like a unary call's."""
+            seen_cm = observed(
+                self._metrics, "ClassifyStream", deadline, context=context,
+                telemetry=self._telemetry,
+            )  # fmt: skip
+            seen = seen_cm.__enter__()
+            future: asyncio.Future[None] | None = None
+
+            def done(result: ClassifyResult | None, exc: BaseException | None) -> None:
+                if future is not None:
+                    pending.discard(future)
+                if result is not None:
+                    try:
+                        response = build_response(request, handle, result)
+                    except Exception as error:
+                        exc = error
+                    else:
+                        seen.result = result
+                        seen_cm.__exit__(None, None, None)
+                        answered(response)
+                        return
+                assert exc is not None
+                seen_cm.__exit__(type(exc), exc, exc.__traceback__)
+                if not isinstance(exc, asyncio.CancelledError):  # the stream is ending
+                    answered(_error_response(request, exc))
+
+            try:
+                handle = self._repository.get(model_name(request.model), request.version or None)
+                seen.reached(handle.name, handle.version, request.texts)
+                truncate = request.truncate if request.HasField("truncate") else True
+                future = handle.classify_nowait(
+                    request.texts, done, truncate=truncate, deadline=deadline, trace=seen.trace
+                )
+            except Exception as exc:
+                done(None, exc)
+                return
+            pending.add(future)
 
         async def read() -> None:
+            nonlocal reading
             requests = aiter(request_iterator)
             try:
                 while True:
@@ -153,15 +197,13 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
                     request = await anext(requests, None)
                     if request is None:
                         break
-                    task = asyncio.create_task(answer(request))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                while tasks:
-                    await asyncio.gather(*tasks)
+                    start(request)
             finally:
                 # A request stream that breaks (an undecodable message) ends the response
                 # stream too, instead of leaving it waiting; `await reader` re-raises.
-                responses.put_nowait(None)
+                reading = False
+                if not pending:
+                    responses.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
@@ -173,13 +215,14 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
             # The client cancelled, its deadline passed or its connection went: not an error.
             logger.debug(
                 "ClassifyStream cancelled by the client or its deadline (%d requests in flight)",
-                len(tasks),
+                len(pending),
             )
             raise
         finally:
+            ended = True
             reader.cancel()
-            for task in tasks:
-                task.cancel()
+            for future in list(pending):
+                future.cancel()  # dropped by the batcher; counted as cancelled (or expired)
 
     @grpc_errors
     async def ListModels(
@@ -241,6 +284,14 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
             pb.VersionStatus(version=v.version, state=_STATES[v.state], reason=v.reason)
             for v in sorted(records, key=lambda v: v.version)
         ]
+
+
+def _error_response(request: pb.ClassifyRequest, exc: BaseException) -> pb.ClassifyResponse:
+    """A stream's answer to a request that failed: its id and the status it would have had."""
+    log_unexpected(exc, "ClassifyStream")
+    return pb.ClassifyResponse(
+        id=request.id, error=pb.Status(code=grpc_code(exc).value[0], message=public_message(exc))
+    )
 
 
 async def _write(context: Any, response: pb.ClassifyResponse) -> None:

@@ -107,3 +107,41 @@ def test_errors_are_counted_by_status_code(tiny_repository: Path, tiny_run: Path
         raw, _ = asyncio.run(closed_loop(server.address, pool, 2, warmup=0.0, duration=0.3))
     assert raw.requests_done == 0 and raw.latencies == []
     assert set(raw.errors) == {"NOT_FOUND"} and raw.errors["NOT_FOUND"] > 0
+
+
+@pytest.mark.slow
+def test_the_stream_mode_measures_streams_and_unary_side_by_side(
+    tiny_repository: Path, tiny_run: Path
+) -> None:
+    from textserve.bench.report import format_table
+
+    config = BenchConfig(
+        repository=tiny_repository,
+        model="tiny",
+        api="stream",
+        concurrency=(8,),
+        streams=2,
+        unary_concurrency=(4,),
+        multi_texts_per_request=0,
+        open_loop=(),
+        warmup=0.2,
+        duration=0.5,
+        batching_off_concurrency=0,
+        intra_op_threads=1,
+        torch=False,
+    )
+    results = run_benchmark(config, log=lambda line: None)
+    steps = {s["server"]: s for s in results["steps"]}
+    assert set(steps) == {"batching", "unary", "echo", "echo-unary", "trivial"}
+    for name, step in steps.items():
+        assert step["errors"] == {} and step["texts"] > 0, name
+        assert step["server_metrics"]["cpu_seconds"] is not None, name
+    for name in ("batching", "echo", "trivial"):  # 2 streams x 4 messages in flight
+        assert (steps[name]["streams"], steps[name]["inflight_per_stream"]) == (2, 4), name
+    assert "streams" not in steps["unary"] and steps["unary"]["concurrency"] == 4
+    assert steps["batching"]["server_metrics"]["cpu_per_text_ms"] > 0
+    assert set(results["efficiency"]) == {"1"} and set(results["efficiency_unary"]) == {"1"}
+    assert results["loadgen_check"]["echo_unary_cpu_per_text_ms"] is not None
+    table = format_table(results)
+    assert "stream 2x4" in table and "efficiency of stream" in table
+    assert "efficiency of unary" in table and "echo over unary calls" in table

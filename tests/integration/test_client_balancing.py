@@ -61,6 +61,7 @@ def test_a_server_that_is_not_serving_gets_no_requests_until_it_serves_again(
     from textserve.service.health import NOT_SERVING, SERVING
 
     with running_server(repository) as a, running_server(repository) as b:
+
         def set_health(status: int) -> None:
             asyncio.run_coroutine_threadsafe(b.server.health.set("", status), b.loop).result(30)
 

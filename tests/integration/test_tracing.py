@@ -223,3 +223,37 @@ def test_an_unreachable_endpoint_neither_fails_nor_slows_requests(
     assert "dropping spans" in warnings[0].getMessage()
     # no export on the request path: the same order of latency as without tracing
     assert traced < 3 * baseline + 0.02, (traced, baseline)
+
+
+def test_each_message_of_a_stream_is_a_traced_request_of_the_streams_trace(
+    tmp_path: Path,
+) -> None:
+    """ClassifyStream (the bulk fast path: no task per message) traces every message as a
+    request of the stream's caller, with its stages, and the batch links to them."""
+    make_version(tmp_path, MODEL, 1)
+    with (
+        otlp_receiver() as receiver,
+        running_server(tmp_path, otlp_endpoint=receiver.endpoint, trace_sample_ratio=1.0) as srv,
+    ):
+        stub = pb_grpc.ClassifierStub(srv.channel())
+        requests = [pb.ClassifyRequest(id=f"m{i}", texts=["a good film"]) for i in range(3)]
+        replies = list(
+            stub.ClassifyStream(iter(requests), timeout=30, metadata=traceparent(*CALLER_A))
+        )
+        assert sorted(r.id for r in replies) == ["m0", "m1", "m2"]
+        flush(srv)
+        spans = receiver.wait_for(
+            lambda s: len(requests_of(s)) == 3 and any(x.name == "batch" for x in s)
+        )
+    traced = requests_of(spans)
+    assert {s.name for s in traced} == {"ClassifyStream"}
+    assert {(s.trace_id, s.parent_span_id) for s in traced} == {CALLER_A}
+    for span in traced:
+        assert span.attributes["rpc.grpc.status_code"] == "OK"
+        assert [e[0] for e in sorted(span.events, key=lambda e: e[1])] == [
+            "queue",
+            "tokenize",
+            "inference",
+        ]
+    linked = {link for s in spans if s.name == "batch" for link in s.links}
+    assert {(s.trace_id, s.span_id) for s in traced} <= linked

@@ -2,6 +2,8 @@
 
 Texts come from the arguments, else from --file, else one per line from standard input.
 Prints a table (label, score, text) by default; --json prints one JSON document.
+--stream sends them over ClassifyStream (the bulk path: cheaper per text on the server),
+with a progress line on standard error when it is a terminal.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,7 +34,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
-        "--batch-size", type=int, default=256, help="texts per request (default: 256)"
+        "--batch-size",
+        type=int,
+        help="texts per request (default: 256), with --stream per message (default: 1)",
+    )
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="send the texts over one ClassifyStream per connection (bulk: the server batches "
+        "the messages together; less CPU per text than unary requests)",
+    )
+    parser.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no progress line on standard error (shown with --stream when it is a terminal)",
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     parser.add_argument(
@@ -89,42 +106,103 @@ def format_table(texts: Sequence[str], predictions: list[Any], all_scores: bool,
     return "\n".join(lines)
 
 
+class Progress:
+    """A one-line progress report on a terminal (`\\r`-rewritten at most every `every` seconds):
+    a bulk run's only chatter, so a small line rather than a progress-bar dependency."""
+
+    def __init__(self, total: int, out: Any = None, every: float = 0.2) -> None:
+        self.total = total
+        self.out = out if out is not None else sys.stderr
+        self.every = every
+        self.done = 0
+        self.started = self.shown = time.monotonic()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self.shown >= self.every or self.done >= self.total:
+            self.shown = now
+            rate = self.done / max(now - self.started, 1e-9)
+            percent = 100.0 * self.done / self.total if self.total else 100.0
+            self.out.write(f"\r{self.done}/{self.total} texts ({percent:.0f}%), {rate:.0f} texts/s")
+            self.out.flush()
+
+    def close(self) -> None:
+        if self.done:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def _unary(
+    args: argparse.Namespace, requests: list[Sequence[str]], connections: int
+) -> tuple[list[Any], str | None, int | None]:
+    """Unary Classify calls of --batch-size texts, `connections` in flight, answers in order."""
+    from textserve.client import Client
+
+    predictions: list[Any] = []
+    model = version = None
+    with (
+        Client(
+            args.server,
+            timeout=args.timeout,
+            connections=connections,
+            **connect.client_options(args),
+        ) as client,
+        ThreadPoolExecutor(connections) as pool,
+    ):
+
+        def classify(chunk: Sequence[str]) -> Any:
+            return client.classify(
+                chunk,
+                model=args.model,
+                version=args.version,
+                truncate=False if args.no_truncate else None,
+                top_k=args.top_k,
+                all_scores=args.all_scores,
+            )
+
+        for result in pool.map(classify, requests):  # in order, `connections` at a time
+            model, version = result.model, result.version
+            predictions.extend(result.predictions)
+    return predictions, model, version
+
+
 def run(args: argparse.Namespace) -> int:
     from textserve.client import Client, ClientError
 
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise CliError("--batch-size must be at least 1")
     if args.connections < 1:
         raise CliError(f"--connections must be at least 1, got {args.connections}")
     texts = read_texts(args)
-    predictions = []
+    predictions: list[Any] = []
     model = version = None
-    requests = list(chunks(texts, args.batch_size))
+    batch_size = args.batch_size or (1 if args.stream else 256)
+    requests = list(chunks(texts, batch_size))
     connections = min(args.connections, len(requests)) or 1
+    progress = (
+        Progress(len(texts)) if args.stream and args.progress and sys.stderr.isatty() else None
+    )
     try:
-        with (
-            Client(
-                args.server,
-                timeout=args.timeout,
-                connections=connections,
-                **connect.client_options(args),
-            ) as client,
-            ThreadPoolExecutor(connections) as pool,
-        ):
-
-            def classify(chunk: Sequence[str]) -> Any:
-                return client.classify(
-                    chunk,
+        if args.stream:
+            with Client(
+                args.server, connections=connections, **connect.client_options(args)
+            ) as client:
+                for result in client.classify_stream(
+                    texts,
                     model=args.model,
                     version=args.version,
                     truncate=False if args.no_truncate else None,
                     top_k=args.top_k,
                     all_scores=args.all_scores,
-                )
-
-            for result in pool.map(classify, requests):  # in order, `connections` at a time
-                model, version = result.model, result.version
-                predictions.extend(result.predictions)
+                    texts_per_message=batch_size,
+                ):
+                    model, version = result.model, result.version
+                    predictions.extend(result.predictions)
+                    if progress is not None:
+                        progress.update(len(result.predictions))
+        else:
+            predictions, model, version = _unary(args, requests, connections)
     except ClientError as exc:
         if exc.code == "UNAVAILABLE":
             raise CliError(f"cannot reach a ready server at {args.server}: {exc.message}") from None
@@ -141,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except ValueError as exc:  # unusable TLS files or token, text that is not valid Unicode
         raise CliError(str(exc)) from None
+    finally:
+        if progress is not None:
+            progress.close()
     if args.json:
         doc = {
             "model": model,

@@ -413,3 +413,32 @@ def test_many_callers_two_inference_threads_deadlines_and_cancellations() -> Non
         await batcher.close()
 
     asyncio.run(main())
+
+
+def test_submit_nowait_calls_back_with_each_result_error_or_cancellation() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        answers: dict[str, Any] = {}
+
+        def keep(key: str) -> Callable[[Any, BaseException | None], None]:
+            return lambda result, exc: answers.__setitem__(key, (result, exc))
+
+        batcher.pause()
+        batcher.submit_nowait([1, 2], [3, 3], keep("a"))
+        batcher.submit_nowait([3], [3], keep("expired"), deadline=time.monotonic() + 0.01)
+        dropped = batcher.submit_nowait([4], [3], keep("cancelled"))
+        dropped.cancel()
+        await wait_until(lambda: {"expired", "cancelled"} <= set(answers))
+        batcher.resume()
+        await wait_until(lambda: "a" in answers)
+        result, exc = answers["a"]
+        assert exc is None and result.outputs[:, 0].tolist() == [1, 2]
+        assert answers["expired"][0] is None
+        assert isinstance(answers["expired"][1], DeadlineExceededError)
+        assert isinstance(answers["cancelled"][1], asyncio.CancelledError)
+        assert model.batches == [[1, 2]]  # the dropped and expired items never ran
+        assert batcher._inflight == 0
+        with pytest.raises(OverloadedError):  # refused at once, like submit()
+            batcher.submit_nowait(list(range(9)), [1] * 9, keep("big"))
+        assert "big" not in answers
+
+    run(body, max_queue_size=8)
