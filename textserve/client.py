@@ -537,9 +537,10 @@ class AdminClient(BlockingClient):
     ) -> None:
         own = channel is None
         if channel is None:
-            channel = open_channel(
-                target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name
-            )
+            channel = open_channel(  # admin must reach a server that serves no model
+                target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name,
+                health_checked=False,
+            )  # fmt: skip
         super().__init__(
             target,
             channel,

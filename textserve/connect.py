@@ -134,13 +134,15 @@ def channel_credentials(
 # started — seen under load at a replica's SIGTERM; a call the caller cancels itself is never
 # retried). Classify is idempotent (no state changes), so a retried call cannot classify twice
 # in any way that matters; streams are left out (their messages are not replayable).
-# Client-side health checking (gRPC A17, `healthCheckConfig`): each connection watches
-# grpc.health.v1 and round_robin picks only SERVING replicas, so a replica that is warming up
-# after a restart, or draining after SIGTERM (NOT_SERVING at once), gets no new calls.
+# Client-side health checking (gRPC A17, `healthCheckConfig`) where a target balances over
+# several replicas: each connection watches grpc.health.v1 and round_robin picks only SERVING
+# replicas, so one that is warming up after a restart, or draining after SIGTERM (NOT_SERVING
+# at once), gets no new calls. Not for one address (there is no other replica to pick, and
+# the server's own answer — e.g. "no model is served" — says more than "backend unhealthy"),
+# nor for the health probe and the admin client, which must reach a NOT_SERVING server.
 RETRIED_METHODS = ("Classify", "ListModels", "GetModel")
 SERVICE_CONFIG: dict[str, Any] = {
     "loadBalancingConfig": [{"round_robin": {}}],
-    "healthCheckConfig": {"serviceName": ""},
     "methodConfig": [
         {
             "name": [{"service": "textserve.v1.Classifier", "method": m} for m in RETRIED_METHODS],
@@ -153,6 +155,10 @@ SERVICE_CONFIG: dict[str, Any] = {
             },
         }
     ],
+}
+HEALTH_CHECKED_SERVICE_CONFIG: dict[str, Any] = {
+    **SERVICE_CONFIG,
+    "healthCheckConfig": {"serviceName": ""},
 }
 BALANCING_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
@@ -231,17 +237,25 @@ def open_channel(
     server_name: str | None = None,
     options: Sequence[tuple[str, Any]] = (),
     aio: bool = False,
+    health_checked: bool | None = None,
 ) -> Any:
     """A channel to `target`: TLS when `tls` or any of ca/cert/key is given, else plaintext.
     `server_name` overrides the name checked against the server's certificate (e.g. when
     dialling 127.0.0.1 a server whose certificate names its DNS name). `aio`: a grpc.aio one.
     `target`: one address or URI, or several addresses (see channel_target); the channel
-    balances per request (round_robin) and retries UNAVAILABLE (SERVICE_CONFIG)."""
+    balances per request (round_robin) and retries UNAVAILABLE (SERVICE_CONFIG).
+    `health_checked` (default: when the target balances over several replicas: several
+    addresses or a dns:/// name) picks only replicas whose grpc.health.v1 status is SERVING."""
     import grpc  # here: `textserve --help` and the flag helpers stay instant
 
     uri, extra = channel_target(target)
     target = uri
-    opts = [*BALANCING_OPTIONS, *extra, *options]
+    if health_checked is None:
+        health_checked = uri.startswith(("ipv4:", "ipv6:", "dns:"))
+    balancing = list(BALANCING_OPTIONS)
+    if health_checked:
+        balancing[0] = ("grpc.service_config", json.dumps(HEALTH_CHECKED_SERVICE_CONFIG))
+    opts = [*balancing, *extra, *options]
     if not (tls or ca or cert or key):
         if server_name:
             raise ValueError("server_name only applies to TLS: give tls=True or a CA")

@@ -127,6 +127,7 @@ def test_the_stream_mode_measures_streams_and_unary_side_by_side(
         warmup=0.2,
         duration=0.5,
         batching_off_concurrency=0,
+        tracing_concurrency=0,  # the tracing steps have their own test
         intra_op_threads=1,
         torch=False,
     )

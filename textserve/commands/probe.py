@@ -35,7 +35,7 @@ def probe(address: str, service: str = "", timeout: float = 3.0, **tls: Any) -> 
 
     from textserve.connect import open_channel
 
-    with open_channel(address, **tls) as channel:
+    with open_channel(address, health_checked=False, **tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)

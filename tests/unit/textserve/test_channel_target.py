@@ -8,7 +8,12 @@ import json
 import pytest
 
 from textserve.cli import ConfigError
-from textserve.connect import BALANCING_OPTIONS, SERVICE_CONFIG, channel_target
+from textserve.connect import (
+    BALANCING_OPTIONS,
+    HEALTH_CHECKED_SERVICE_CONFIG,
+    SERVICE_CONFIG,
+    channel_target,
+)
 
 
 def test_one_address_or_uri_is_kept() -> None:
@@ -48,5 +53,8 @@ def test_the_service_config_balances_and_retries_unavailable() -> None:
     (method,) = config["methodConfig"]
     assert {"service": "textserve.v1.Classifier", "method": "Classify"} in method["name"]
     assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
-    assert config["healthCheckConfig"] == {"serviceName": ""}  # round_robin skips NOT_SERVING
+    assert "healthCheckConfig" not in config  # only where a target balances over replicas
+    checked = HEALTH_CHECKED_SERVICE_CONFIG
+    assert checked["healthCheckConfig"] == {"serviceName": ""}  # round_robin skips NOT_SERVING
+    assert {k: v for k, v in checked.items() if k != "healthCheckConfig"} == SERVICE_CONFIG
     assert options["grpc.enable_retries"] == 1
