@@ -23,6 +23,7 @@ from textserve.export import onnx_export, transforms, validate  # noqa: E402
 from textserve.export.errors import CheckFailed, ExportError  # noqa: E402
 from textserve.model.checkpoint import load_run  # noqa: E402
 from textserve.tokenization import encode_batch, load_tokenizer  # noqa: E402
+from tests.unprivileged import export_unprivileged, shared_dir, unprivileged_ids  # noqa: E402
 
 
 def entries(model_dir: Path) -> list[str]:
@@ -253,14 +254,19 @@ def test_unwritable_repository_is_a_clear_error(tiny_run: Path, tmp_path: Path) 
     assert blocker.read_text() == "a file where the repository should be"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_read_only_repository_is_a_clear_error(tiny_run: Path, tmp_path: Path) -> None:
-    repo = tmp_path / "models"
-    (repo / "m").mkdir(parents=True)
-    (repo / "m").chmod(0o555)
-    try:
-        with pytest.raises(ExportError, match="cannot write to the model repository"):
-            onnx_export.export_run(tiny_run, repo, "m")
+def test_read_only_repository_is_a_clear_error(tiny_run: Path) -> None:
+    """Run as root too (CI): the export writes as `nobody` (tests/unprivileged.py), the
+    owner of a model folder whose mode bits forbid writing."""
+    with shared_dir() as shared:
+        run_dir = shutil.copytree(tiny_run, shared / "run")
+        repo = shared / "models"
+        (repo / "m").mkdir(parents=True)
+        for path in (repo, repo / "m"):
+            os.chown(path, *unprivileged_ids())
+        (repo / "m").chmod(0o555)
+        try:
+            message = export_unprivileged(run_dir, repo, "m")
+        finally:
+            (repo / "m").chmod(0o755)
+        assert message == f"cannot write to the model repository {repo / 'm'}: Permission denied"
         assert entries(repo / "m") == []
-    finally:
-        (repo / "m").chmod(0o755)
