@@ -327,12 +327,32 @@ def test_close_without_grace_fails_what_is_left() -> None:
 
 
 def test_timings_report_queue_and_inference() -> None:
-    async def body(batcher: Batcher[int], model: FakeModel) -> None:
-        result = await batcher.submit([1], [1])
-        assert result.queue_seconds >= 0.0
-        assert result.inference_seconds > 0.0
+    """queue_seconds covers the time held in the queue, inference_seconds the model's run, and
+    together they fit in the call: bounds from the test's own clock readings around them."""
 
-    run(body)
+    def model(payloads: list[int]) -> np.ndarray:
+        time.sleep(0.02)  # the inference: at least 20 ms
+        return np.ones((len(payloads), 1))
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig())
+        batcher.start()
+        batcher.pause()
+        called = time.monotonic()
+        task = asyncio.create_task(batcher.submit([1], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        queued = time.monotonic()  # the item was enqueued before this
+        await asyncio.sleep(0.05)  # a wait in the queue to measure, not a synchronisation
+        resumed = time.monotonic()  # the batch starts after this
+        batcher.resume()
+        result = await task
+        total = time.monotonic() - called
+        await batcher.close()
+        assert result.queue_seconds >= resumed - queued
+        assert result.inference_seconds >= 0.02
+        assert result.queue_seconds + result.inference_seconds <= total
+
+    asyncio.run(main())
 
 
 def test_stats_mean_batch_size() -> None:
@@ -356,7 +376,11 @@ def test_the_inference_thread_goes_on_to_the_next_batch_without_the_loop() -> No
         batcher.start()
         calls = [asyncio.create_task(batcher.submit([i], [1])) for i in range(3)]
         await wait_until(lambda: bool(started))
-        time.sleep(0.5)  # the loop does something else for a while
+        # The loop is blocked (it polls without yielding) until the executor thread has
+        # started all three batches by itself, or 10 s have passed.
+        blocked_until = time.monotonic() + 10
+        while len(started) < 3 and time.monotonic() < blocked_until:
+            time.sleep(0.001)
         assert started == [0, 1, 2]  # all three ran meanwhile, back to back
         results = await asyncio.gather(*calls)
         assert [r.outputs.shape for r in results] == [(1, 1)] * 3
@@ -371,7 +395,10 @@ def test_many_callers_two_inference_threads_deadlines_and_cancellations() -> Non
     # under mixed traffic every caller gets its own rows or its own error, and nothing is lost.
     rng = random.Random(0)
 
+    sizes: list[int] = []  # every batch the model ran
+
     def model(payloads: list[int]) -> np.ndarray:
+        sizes.append(len(payloads))
         time.sleep(rng.random() * 0.002)
         return np.asarray(payloads, dtype=np.float64).reshape(-1, 1)
 
@@ -409,7 +436,10 @@ def test_many_callers_two_inference_threads_deadlines_and_cancellations() -> Non
         snapshot = batcher.snapshot()
         assert len(outcomes) == 400 and outcomes.count("ok") >= 150
         assert snapshot.queue_depth == 0 and batcher._queued_tokens == 0
-        assert snapshot.batches >= 1 and snapshot.max_batch_size_seen <= 8
+        # the statistics count exactly what the model ran
+        assert (snapshot.batches, snapshot.items) == (len(sizes), sum(sizes))
+        assert snapshot.max_batch_size_seen == max(sizes) <= 8
+        assert sum(sizes) >= 150  # at least the rows of the answered calls
         await batcher.close()
 
     asyncio.run(main())

@@ -200,8 +200,16 @@ def test_default_registry_exposes_process_metrics() -> None:
     m = Metrics()
     cpu = m.registry.get_sample_value("process_cpu_seconds_total")
     assert cpu is not None and cpu > 0
-    # A second instance in the same process must not clash with the first.
-    assert Metrics().registry is not m.registry
+    # A second instance in the same process does not clash with the first (constructing it
+    # does not raise), has the process metrics too, and counts on its own.
+    other = Metrics()
+    assert other.registry.get_sample_value("process_cpu_seconds_total") is not None
+    m.init_model("default")
+    other.init_model("default")
+    m.observe_request("Classify", "default", "OK", 0.01)
+    labels = {"method": "Classify", "model": "default"}
+    assert m.registry.get_sample_value("textserve_requests_total", labels) == 1
+    assert other.registry.get_sample_value("textserve_requests_total", labels) == 0
 
 
 def test_metrics_server_serves_the_registry_on_a_bound_port(metrics: Metrics) -> None:
