@@ -67,6 +67,8 @@ def stage(group: str) -> Path:
         'also_copy = ["textserve"]\n'
         f"pytest_add_cli_args_test_selection = [{quoted(tests)}]\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
+        # a hung mutant (a loop that never ends) is a kill: waited for 5x the tests' time, not 15x
+        "timeout_multiplier = 5.0\n"
     )
     (work / "pyproject.toml").write_text(config, encoding="utf-8")
     return work

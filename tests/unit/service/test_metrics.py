@@ -185,6 +185,25 @@ def test_latency_buckets_are_fine_from_100us_to_10s() -> None:
     ratios = [b / a for a, b in itertools.pairwise(LATENCY_BUCKETS)]
     assert max(ratios) <= 1.5 + 1e-9
     assert all(r > 1 for r in ratios)
+    assert len(LATENCY_BUCKETS) == 46  # the README's figure
+
+
+def test_every_latency_histogram_exposes_the_46_buckets(metrics: Metrics) -> None:
+    """What a scrape sees: 46 bounds and +Inf on each latency histogram, the same bounds."""
+    metrics.observe_request("Classify", "default", "OK", 0.01)
+    latency = {
+        "textserve_request_duration_seconds", "textserve_queue_duration_seconds",
+        "textserve_tokenize_duration_seconds", "textserve_inference_duration_seconds",
+    }  # fmt: skip
+    bounds: dict[str, set[str]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name.removesuffix("_bucket") in latency and sample.name.endswith("_bucket"):
+                bounds.setdefault(sample.name, set()).add(sample.labels["le"])
+    assert set(bounds) == {f"{name}_bucket" for name in latency}
+    expected = {str(float(b)) for b in LATENCY_BUCKETS} | {"+Inf"}
+    assert len(expected) == 47
+    assert all(found == expected for found in bounds.values()), bounds
 
 
 def test_padding_ratio() -> None:
