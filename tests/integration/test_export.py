@@ -18,12 +18,12 @@ import pytest
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
+from tests.unprivileged import export_unprivileged, shared_dir, unprivileged_ids  # noqa: E402
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file  # noqa: E402
-from textserve.export import onnx_export, transforms, validate  # noqa: E402
+from textserve.export import onnx_export, validate  # noqa: E402
 from textserve.export.errors import CheckFailed, ExportError  # noqa: E402
 from textserve.model.checkpoint import load_run  # noqa: E402
 from textserve.tokenization import encode_batch, load_tokenizer  # noqa: E402
-from tests.unprivileged import export_unprivileged, shared_dir, unprivileged_ids  # noqa: E402
 
 
 def entries(model_dir: Path) -> list[str]:

@@ -111,11 +111,13 @@ def test_certificate_chains_through_an_intermediate_ca(
         tls_cert=chain.server_chain, tls_key=chain.server_key, tls_client_ca=chain.root_cert
     )
     credentials = channel_credentials(chain.root_cert, chain.client_chain, chain.client_key)
-    with running_server(tiny_repository, security=security, credentials=credentials) as srv:
-        with Client(
+    with (
+        running_server(tiny_repository, security=security, credentials=credentials) as srv,
+        Client(
             srv.address, ca=chain.root_cert, cert=chain.client_chain, key=chain.client_key
-        ) as client:
-            assert client.classify(["a gripping film"]).predictions[0].label
+        ) as client,
+    ):
+        assert client.classify(["a gripping film"]).predictions[0].label
     # the intermediate is what makes it work: a server sending its leaf alone is not trusted
     intermediate = chain.server_chain.read_bytes().removeprefix(chain.server_leaf.read_bytes())
     both = tmp_path / "root-and-intermediate.pem"  # the test's own readiness check trusts both

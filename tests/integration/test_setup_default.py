@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
-from textserve.cli import main as cli_main  # noqa: E402
-from textserve.export import onnx_export  # noqa: E402
-from textserve.model import train as train_module  # noqa: E402
+from textserve.cli import main as cli_main
+from textserve.export import onnx_export
+from textserve.model import train as train_module
 
 
 @pytest.fixture

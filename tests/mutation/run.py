@@ -13,12 +13,16 @@ Equivalent survivors are listed, with why, in tests/mutation/README.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "build" / "mutation"
@@ -38,7 +42,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "interceptors": (["service/servicers/interceptors.py"], [U + "test_security.py"]),
     "repository": (
-        ["service/repository/core.py", "service/repository/loader.py", "service/repository/scan.py"],
+        [f"service/repository/{m}.py" for m in ("core", "loader", "scan")],
         [
             U + "test_repository.py",
             U + "test_reload.py",
@@ -60,7 +64,10 @@ def stage(group: str) -> Path:
     shutil.copytree(ROOT / "textserve", work / "textserve", ignore=shutil.ignore_patterns(*SKIP))
     shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns(*SKIP))
     tests = [t for t in tests if (ROOT / t).exists()]
-    quoted = lambda xs: ", ".join(f'"{x}"' for x in xs)  # noqa: E731
+
+    def quoted(items: Iterable[str]) -> str:
+        return ", ".join(f'"{item}"' for item in items)
+
     config = (ROOT / "pyproject.toml").read_text(encoding="utf-8") + (
         "\n[tool.mutmut]\n"
         f"source_paths = [{quoted('textserve/' + m for m in modules)}]\n"
@@ -74,66 +81,89 @@ def stage(group: str) -> Path:
     return work
 
 
-def run(group: str, children: int) -> dict[str, object]:
+def run(group: str, children: int) -> dict[str, Any]:
+    """Mutate one group; its statuses and survivors' diffs, also kept in <group>.json."""
     work = stage(group)
     mutmut = [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    log = OUT / f"{group}.log"
-    with log.open("w") as out:
+    with (OUT / f"{group}.log").open("w") as out:
         cmd = [*mutmut, "run", "--max-children", str(children)]
         subprocess.run(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
     listing = subprocess.run(
         [*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
     ).stdout
     statuses = dict(re.findall(r"^\s+(\S+): (.+)$", listing, flags=re.M))
-    per_module: dict[str, dict[str, int]] = {}
-    for name, status in statuses.items():
-        module = name.split(".x")[0].split(".x_")[0]
-        module = re.sub(r"\.x[ǁ_].*$", "", name)
-        per_module.setdefault(module, {}).setdefault(status, 0)
-        per_module[module][status] += 1
-    survivors = {n: s for n, s in statuses.items() if s not in ("killed", "caught by type check")}
-    if len(survivors) > 200:  # the run failed (its log says why): no diffs for hundreds of mutants
-        return {"per_module": per_module, "survivors": survivors, "diffs": {}}
-    diffs = {
-        n: subprocess.run(
-            [*mutmut, "show", n], cwd=work, env=env, capture_output=True, text=True
-        ).stdout
-        for n in survivors
-    }
-    return {"per_module": per_module, "survivors": survivors, "diffs": diffs}
+    left = [n for n, status in statuses.items() if status not in DETECTED]
+    # hundreds left: the run itself failed (its log says why), no diffs for them
+    diffs = {} if len(left) > 200 else {n: _show(mutmut, work, env, n) for n in left}
+    result = {"statuses": statuses, "diffs": diffs}
+    (OUT / f"{group}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
 
 
-def report(results: dict[str, dict[str, object]]) -> str:
-    lines = ["# Mutation report (`make mutate`, mutmut)", "", "| module | mutants | killed | "
-             "survived | other | kill rate |", "|---|---|---|---|---|---|"]  # fmt: skip
+def _show(mutmut: list[str], work: Path, env: dict[str, str], name: str) -> str:
+    done = subprocess.run(
+        [*mutmut, "show", name], cwd=work, env=env, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
+# killed: a test failed; timeout: the tests hung (a loop that never ends), a detection too
+DETECTED = ("killed", "timeout", "caught by type check")
+
+
+def report(results: dict[str, dict[str, Any]]) -> str:
+    """Markdown: the kill rate per module, then every mutant not detected with its diff."""
+    lines = [
+        "# Mutation report (`make mutate`, mutmut)",
+        "",
+        "Kill rate = (killed + timeout) / mutants. Equivalent survivors, with why: "
+        "tests/mutation/README.md.",
+        "",
+        "| module | mutants | killed | timeout | survived | other | kill rate |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    survivors: list[tuple[str, str, str]] = []
     for result in results.values():
-        for module, counts in sorted(result["per_module"].items()):  # type: ignore[attr-defined]
+        per_module: dict[str, Counter[str]] = {}
+        for name, status in result["statuses"].items():
+            module = re.sub(r"\.x[ǁ_].*$", "", name)
+            per_module.setdefault(module, Counter())[status] += 1
+        for module, counts in sorted(per_module.items()):
             total = sum(counts.values())
-            killed = counts.get("killed", 0)
-            survived = counts.get("survived", 0)
-            rate = f"{100 * killed / total:.1f}%" if total else "-"
-            lines.append(
-                f"| {module} | {total} | {killed} | {survived} | {total - killed - survived} | {rate} |"
-            )
-    lines += ["", "## Survivors (and mutants not killed: timeout, no tests, suspicious)", ""]
-    for result in results.values():
-        for name, diff in result["diffs"].items():  # type: ignore[attr-defined]
-            lines += [f"### {name} ({result['survivors'][name]})", "", "```diff", diff.strip(), "```", ""]  # type: ignore[index]
+            killed, timeout, survived = counts["killed"], counts["timeout"], counts["survived"]
+            other = total - killed - timeout - survived
+            rate = 100 * (killed + timeout) / total
+            row = (module, total, killed, timeout, survived, other, f"{rate:.1f}%")
+            lines.append("| " + " | ".join(map(str, row)) + " |")
+        survivors += [(n, result["statuses"][n], d) for n, d in result["diffs"].items()]
+    lines += ["", "## Not detected (survived, no tests, suspicious)", ""]
+    for name, status, diff in survivors:
+        lines += [f"### {name} ({status})", "", "```diff", diff, "```", ""]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("groups", nargs="*", choices=[[], *GROUPS], default=list(GROUPS))
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("groups", nargs="*", metavar="GROUP", help=f"of {', '.join(GROUPS)}")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    groups = args.groups or list(GROUPS)
+    unknown = set(args.groups) - set(GROUPS)
+    if unknown:
+        parser.error(f"unknown group(s) {sorted(unknown)}; expected some of {', '.join(GROUPS)}")
     OUT.mkdir(parents=True, exist_ok=True)
-    results = {g: run(g, args.max_children) for g in groups}
+    for group in args.groups or list(GROUPS):
+        run(group, args.max_children)
+    # the report covers every group run so far (one at a time, or all at once)
+    results = {
+        group: json.loads((OUT / f"{group}.json").read_text(encoding="utf-8"))
+        for group in GROUPS
+        if (OUT / f"{group}.json").exists()
+    }
     text = report(results)
     (OUT / "report.md").write_text(text, encoding="utf-8")
-    print(text)
+    print(text.split("\n## ")[0])
+    print(f"full report: {OUT / 'report.md'}")
     return 0
 
 
