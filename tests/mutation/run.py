@@ -81,14 +81,19 @@ def stage(group: str) -> Path:
     return work
 
 
-def run(group: str, children: int) -> dict[str, Any]:
-    """Mutate one group; its statuses and survivors' diffs, also kept in <group>.json."""
-    work = stage(group)
+def run(group: str, children: int, *, execute: bool = True) -> dict[str, Any]:
+    """Mutate one group (execute=False: only collect a finished run's results); its statuses
+    and survivors' diffs, also kept in <group>.json."""
     mutmut = [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    with (OUT / f"{group}.log").open("w") as out:
-        cmd = [*mutmut, "run", "--max-children", str(children)]
-        subprocess.run(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+    work = OUT / group
+    if execute:
+        stage(group)
+        with (OUT / f"{group}.log").open("w") as out:
+            cmd = [*mutmut, "run", "--max-children", str(children)]
+            subprocess.run(
+                cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, check=False
+            )
     listing = subprocess.run(
         [*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
     ).stdout
@@ -147,13 +152,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("groups", nargs="*", metavar="GROUP", help=f"of {', '.join(GROUPS)}")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--collect", action="store_true", help="only read the results of runs already made"
+    )
     args = parser.parse_args()
     unknown = set(args.groups) - set(GROUPS)
     if unknown:
         parser.error(f"unknown group(s) {sorted(unknown)}; expected some of {', '.join(GROUPS)}")
     OUT.mkdir(parents=True, exist_ok=True)
     for group in args.groups or list(GROUPS):
-        run(group, args.max_children)
+        run(group, args.max_children, execute=not args.collect)
     # the report covers every group run so far (one at a time, or all at once)
     results = {
         group: json.loads((OUT / f"{group}.json").read_text(encoding="utf-8"))
