@@ -6,6 +6,7 @@ publish, one in a thread scanning all the time while versions are published."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shutil
 import threading
@@ -144,3 +145,71 @@ def test_a_concurrent_reader_never_sees_part_of_a_version(source: Path, tmp_path
     assert partial == []
     assert len(scans) > 10 and scans == sorted(scans)  # it read while versions came
     assert scans[-1] == 10
+
+
+def test_the_temp_dir_is_hidden_in_the_model_folder_and_names_its_process(tmp_path: Path) -> None:
+    model_dir = tmp_path / "models" / "m"
+    tmp = publish.make_temp_dir(model_dir)
+    assert tmp.parent == model_dir and tmp.is_dir()
+    assert tmp.name.startswith(f".tmp-{os.getpid()}-")
+    assert parse_version(tmp.name) is None
+
+
+def test_an_unwritable_repository_says_where_and_why(tmp_path: Path) -> None:
+    blocker = tmp_path / "models"
+    blocker.write_text("a file")
+    with pytest.raises(publish.ExportError) as info:
+        publish.make_temp_dir(blocker / "m")
+    assert (
+        str(info.value) == f"cannot write to the model repository {blocker / 'm'}: Not a directory"
+    )
+
+
+def test_stale_temp_dirs_are_removed_with_a_log_line_and_errors_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    stale = tmp_path / ".tmp-999999999-x"  # no such process
+    (stale / "sub").mkdir(parents=True)
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path: Any, ignore_errors: bool = False) -> None:
+        real_rmtree(path)
+        if not ignore_errors:  # a leftover another user's process still holds, say
+            raise OSError("could not remove everything")
+
+    monkeypatch.setattr(publish.shutil, "rmtree", rmtree)
+    with caplog.at_level("INFO", logger=publish.__name__):
+        publish.remove_stale_temp_dirs(tmp_path)
+    assert not stale.exists()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"removing {stale}, left by an export that did not finish"
+    ]
+
+
+def test_a_temp_dir_of_a_process_of_another_user_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    theirs = tmp_path / ".tmp-4242-x"
+    theirs.mkdir()
+
+    def kill(pid: int, signal: int) -> None:
+        raise PermissionError(1, "Operation not permitted")  # alive, not ours to signal
+
+    monkeypatch.setattr(publish.os, "kill", kill)
+    publish.remove_stale_temp_dirs(tmp_path)
+    assert theirs.exists()
+
+
+def test_no_free_version_number_is_an_export_error(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_dir = tmp_path / "models" / "m"
+    tmp, manifest = staged(source, model_dir)
+
+    def rename(src: Any, dst: Any) -> None:
+        raise OSError(errno.EEXIST, "File exists")  # every number taken by another export
+
+    monkeypatch.setattr(publish.os, "rename", rename)
+    with pytest.raises(publish.ExportError) as info:
+        publish.publish(tmp, model_dir, manifest)
+    assert str(info.value) == f"could not find a free version number in {model_dir}"
