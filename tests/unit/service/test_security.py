@@ -29,8 +29,10 @@ from textserve.service.servicers.interceptors import (
     TokenAuthInterceptor,
     TokenSet,
     Undecodable,
+    auth_interceptors,
     bearer_token,
     guard,
+    refusal_handler,
     safe_deserializer,
 )
 from textserve.v1 import classifier_pb2 as pb
@@ -272,3 +274,176 @@ def test_the_guard_is_built_once_per_method() -> None:
         assert first is again and first is not handler
 
     asyncio.run(main())
+
+
+# -- contracts `make mutate` found unchecked -------------------------------------------------
+
+KINDS = {
+    "unary_unary": (grpc.unary_unary_rpc_method_handler, False, False),
+    "unary_stream": (grpc.unary_stream_rpc_method_handler, False, True),
+    "stream_unary": (grpc.stream_unary_rpc_method_handler, True, False),
+    "stream_stream": (grpc.stream_stream_rpc_method_handler, True, True),
+}
+
+
+def serialize(response: Any) -> bytes:
+    return b""
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_refusal_is_a_handler_of_the_same_kind_that_reads_nothing(kind: str) -> None:
+    make, request_streaming, response_streaming = KINDS[kind]
+
+    async def behavior(request: Any, context: Any) -> None:
+        raise AssertionError("the refused method ran")
+
+    handler = make(behavior, pb.ClassifyRequest.FromString, serialize)
+    refusal = refusal_handler(handler, grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token")
+    assert (refusal.request_streaming, refusal.response_streaming) == (
+        request_streaming,
+        response_streaming,
+    )
+    assert refusal.request_deserializer is None and refusal.response_serializer is serialize
+    context = FakeContext()
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(getattr(refusal, kind)(None, context))
+    assert context.aborted == (grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token")
+
+
+class Details:
+    def __init__(self, method: str, metadata: Any = ()) -> None:
+        self.method = method
+        self.invocation_metadata = metadata
+
+
+def test_the_interceptor_refuses_with_the_reason_and_logs_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def unary(request: Any, context: Any) -> str:
+        return "ok"
+
+    handler = grpc.unary_unary_rpc_method_handler(unary, pb.ClassifyRequest.FromString)
+
+    async def continuation(details: Any) -> Any:
+        return None if details.method.endswith("/Missing") else handler
+
+    async def main() -> None:
+        interceptor = TokenAuthInterceptor(["s3cret"], clock=lambda: 100.0)
+        intercept = interceptor.intercept_service
+        good = Details("/textserve.v1.Classifier/Classify", (("authorization", "Bearer s3cret"),))
+        assert await intercept(continuation, good) is handler  # type: ignore[arg-type]
+        assert await intercept(continuation, Details("/x.Y/Missing")) is None  # type: ignore[arg-type]
+        bad = Details("/textserve.v1.Classifier/Classify", (("authorization", "Bearer nope"),))
+        refusal = await intercept(continuation, bad)  # type: ignore[arg-type]
+        assert refusal is not handler and refusal.request_deserializer is None
+        context = FakeContext()
+        with pytest.raises(grpc.aio.AbortError):
+            await refusal.unary_unary(None, context)
+        assert context.aborted == (grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token")
+
+    asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records] == [
+        "refused 1 unauthenticated call(s) (latest: /textserve.v1.Classifier/Classify: "
+        "invalid bearer token)"
+    ]
+
+
+def test_auth_interceptors_follow_the_token_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert auth_interceptors(SecurityConfig()) == []
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("one\ntwo\n")
+    with caplog.at_level("INFO"):
+        (interceptor,) = auth_interceptors(SecurityConfig(auth_token_file=tokens))
+    assert isinstance(interceptor, TokenAuthInterceptor)
+    assert interceptor.check("/x.Y/Z", (("authorization", "Bearer two"),)) == ""
+    assert interceptor.check("/x.Y/Z", (("authorization", "Bearer three"),)) != ""
+    assert "bearer-token authentication on (2 token(s))" in [r.getMessage() for r in caplog.records]
+
+
+def test_open_services_and_methods_need_no_token() -> None:
+    interceptor = TokenAuthInterceptor(["t"])
+    for method in (
+        "/grpc.health.v1.Health/Check",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        "/inference.GRPCInferenceService/ServerLive",
+        "/inference.GRPCInferenceService/ServerReady",
+    ):
+        assert interceptor.check(method, ()) == "", method
+    for method in (
+        "/inference.GRPCInferenceService/ModelReady",
+        "/textserve.v1.Admin/LoadModel",
+        "Health",  # not a method path: no service
+    ):
+        assert interceptor.check(method, ()).startswith("missing credentials"), method
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_kind_of_method_is_guarded_with_an_exact_message(kind: str) -> None:
+    make, request_streaming, _ = KINDS[kind]
+    seen: list[Any] = []
+
+    if kind == "unary_unary":
+
+        async def behavior(request: Any, context: Any) -> Any:
+            seen.append(request)
+            return "ok"
+    elif kind == "unary_stream":
+
+        async def behavior(request: Any, context: Any) -> Any:  # type: ignore[misc]
+            seen.append(request)
+            yield "ok"
+    elif kind == "stream_unary":
+
+        async def behavior(requests: Any, context: Any) -> Any:  # type: ignore[misc]
+            async for request in requests:
+                seen.append(request)
+            return "ok"
+    else:
+
+        async def behavior(requests: Any, context: Any) -> Any:  # type: ignore[misc]
+            async for request in requests:
+                seen.append(request)
+                yield "ok"
+
+    handler = guard("/t.S/M", make(behavior, pb.ClassifyRequest.FromString, serialize))
+    assert handler.response_serializer is serialize
+    assert (handler.request_streaming, handler.response_streaming) == KINDS[kind][1:]
+    good = handler.request_deserializer(pb.ClassifyRequest(texts=["a"]).SerializeToString())
+    bad = handler.request_deserializer(b"\xff\xff")
+
+    async def call(messages: list[Any]) -> list[Any]:
+        context = FakeContext()
+
+        async def stream() -> Any:
+            for message in messages:
+                yield message
+
+        arg = stream() if request_streaming else messages[0]
+        out: list[Any] = []
+        try:
+            result = getattr(handler, kind)(arg, context)
+            if hasattr(result, "__aiter__"):
+                out.extend([r async for r in result])
+            else:
+                out.append(await result)
+        except grpc.aio.AbortError:
+            out.append(context.aborted)
+        return out
+
+    assert asyncio.run(call([good])) == ["ok"]
+    assert [list(m.texts) for m in seen] == [["a"]]
+    (aborted,) = [x for x in asyncio.run(call([good, bad] if request_streaming else [bad]))
+                  if isinstance(x, tuple)]  # fmt: skip
+    which = "message 1 of the request stream" if request_streaming else "the request"
+    assert aborted[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert aborted[1].startswith(
+        f"/t.S/M: {which} is not a valid protobuf message for this method (DecodeError: "
+    )
+
+
+def test_methods_without_a_deserializer_are_left_alone() -> None:
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
+    assert guard("/t.S/Raw", handler) is handler
