@@ -644,6 +644,7 @@ def test_close_without_grace_cancels_the_queue_and_says_so(
         await batcher.close()  # the default: no grace
         with pytest.raises(NotReadyError, match="model 'fake' shut down before this request ran"):
             await task
+        assert batcher.snapshot().queue_depth == 0 and batcher._queued_tokens == 0
 
     asyncio.run(main())
     assert [r.getMessage() for r in caplog.records] == [
@@ -836,3 +837,37 @@ def test_an_executor_passed_in_is_left_running_and_an_own_one_is_shut_down() -> 
     asyncio.run(main())
     assert shared.submit(lambda: 42).result(timeout=5) == 42  # still usable
     shared.shutdown()
+
+
+def test_flush_runs_what_is_queued_without_waiting_for_the_delay() -> None:
+    async def main() -> None:
+        config = BatcherConfig(max_queue_delay=10.0, max_batch_size=8)
+        batcher: Batcher[int] = Batcher(FakeModel(), config, name="fake")
+        batcher.start()
+        task = asyncio.create_task(batcher.submit([1], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        batcher.flush()  # the drain: no more traffic is coming
+        await asyncio.wait_for(task, 5)
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_the_worker_goes_on_after_a_take_that_dropped_everything() -> None:
+    clock = FakeClock()
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(FakeModel(), BatcherConfig(), name="fake", clock=clock)
+        batcher.start()
+        batcher.pause()
+        doomed = asyncio.create_task(batcher.submit([1], [1], deadline=clock.now + 1))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        clock.now += 2
+        batcher.resume()
+        with pytest.raises(DeadlineExceededError):
+            await doomed
+        result = await asyncio.wait_for(batcher.submit([2], [1]), 5)  # still served
+        assert result.outputs[:, 0].tolist() == [2]
+        await batcher.close()
+
+    asyncio.run(main())
