@@ -100,17 +100,29 @@ def run(group: str, children: int, *, execute: bool = True) -> dict[str, Any]:
     statuses = dict(re.findall(r"^\s+(\S+): (.+)$", listing, flags=re.M))
     left = [n for n, status in statuses.items() if status not in DETECTED]
     # hundreds left: the run itself failed (its log says why), no diffs for them
-    diffs = {} if len(left) > 200 else {n: _show(mutmut, work, env, n) for n in left}
+    diffs = {} if len(left) > 200 else _diffs(work, env, left)
     result = {"statuses": statuses, "diffs": diffs}
     (OUT / f"{group}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     return result
 
 
-def _show(mutmut: list[str], work: Path, env: dict[str, str], name: str) -> str:
+_DIFFS = """
+import json, sys
+from mutmut.__main__ import find_mutant, get_diff_for_mutant
+names = json.load(sys.stdin)
+print(json.dumps({n: get_diff_for_mutant(n, path=find_mutant(n).path) for n in names}))
+"""
+
+
+def _diffs(work: Path, env: dict[str, str], names: list[str]) -> dict[str, str]:
+    """`mutmut show` of each mutant, in one process (a process each takes minutes)."""
+    if not names:
+        return {}
     done = subprocess.run(
-        [*mutmut, "show", name], cwd=work, env=env, capture_output=True, text=True
-    )
-    return done.stdout.strip()
+        [sys.executable, "-c", _DIFFS],
+        cwd=work, env=env, input=json.dumps(names), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return {name: diff.strip() for name, diff in json.loads(done.stdout).items()}
 
 
 # killed: a test failed; timeout: the tests hung (a loop that never ends), a detection too
