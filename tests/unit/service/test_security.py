@@ -388,22 +388,26 @@ def test_every_kind_of_method_is_guarded_with_an_exact_message(kind: str) -> Non
     if kind == "unary_unary":
 
         async def behavior(request: Any, context: Any) -> Any:
+            assert context is not None
             seen.append(request)
             return "ok"
     elif kind == "unary_stream":
 
         async def behavior(request: Any, context: Any) -> Any:  # type: ignore[misc]
+            assert context is not None
             seen.append(request)
             yield "ok"
     elif kind == "stream_unary":
 
         async def behavior(requests: Any, context: Any) -> Any:  # type: ignore[misc]
+            assert context is not None
             async for request in requests:
                 seen.append(request)
             return "ok"
     else:
 
         async def behavior(requests: Any, context: Any) -> Any:  # type: ignore[misc]
+            assert context is not None
             async for request in requests:
                 seen.append(request)
                 yield "ok"
@@ -447,3 +451,75 @@ def test_every_kind_of_method_is_guarded_with_an_exact_message(kind: str) -> Non
 def test_methods_without_a_deserializer_are_left_alone() -> None:
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
     assert guard("/t.S/Raw", handler) is handler
+
+
+def test_token_details_exact() -> None:
+    with pytest.raises(ValueError, match=r"^a TokenSet needs at least one token$"):
+        TokenSet([])
+    # a token file's undecodable bytes come as surrogates: they still compare, never raise
+    assert TokenSet(["t\udcff"]).matches("t\udcff") and not TokenSet(["t"]).matches("t\udcff")
+    assert bearer_token([("authorization", b"Bearer t\xe9")]) == ("t\xe9", "")  # latin-1 bytes
+    assert bearer_token([("authorization", "Bearer t")]) == ("t", "")
+    assert bearer_token([]) == (
+        None,
+        "missing credentials: this server needs 'authorization: Bearer <token>' metadata",
+    )
+    both = [("authorization", "Bearer a"), ("authorization", "Bearer b")]
+    assert bearer_token(both) == (None, "send one authorization metadata entry, not several")
+    assert bearer_token([("authorization", "Basic a")]) == (
+        None,
+        "authorization metadata must be 'Bearer <token>'",
+    )
+
+
+def test_the_first_refusal_is_logged_whatever_the_clock(caplog: pytest.LogCaptureFixture) -> None:
+    interceptor = TokenAuthInterceptor(["t"], clock=lambda: 0.0)
+    interceptor._note_refusal("/x.Y/Z", "invalid bearer token")
+    assert len(caplog.records) == 1
+
+
+def test_the_decode_guard_hands_out_guarded_handlers_with_their_method() -> None:
+    contexts: list[Any] = []
+
+    def sync_unary(request: Any, context: Any) -> str:  # a plain function is a valid behaviour
+        contexts.append(context)
+        return "ok"
+
+    async def bidi(requests: Any, context: Any) -> Any:
+        contexts.append(context)
+        async for request in requests:
+            yield request
+
+    handlers = {
+        "/t.S/U": grpc.unary_unary_rpc_method_handler(sync_unary, pb.ClassifyRequest.FromString),
+        "/t.S/B": grpc.stream_stream_rpc_method_handler(bidi, pb.ClassifyRequest.FromString),
+    }
+
+    async def continuation(details: Any) -> Any:
+        return handlers.get(details.method)
+
+    async def main() -> None:
+        interceptor = DecodeGuard()
+        assert await interceptor.intercept_service(continuation, Details("/t.S/None")) is None  # type: ignore[arg-type]
+        unary = await interceptor.intercept_service(continuation, Details("/t.S/U"))  # type: ignore[arg-type]
+        assert unary is not None and unary is not handlers["/t.S/U"]
+        context = FakeContext()
+        assert await unary.unary_unary(unary.request_deserializer(b""), context) == "ok"
+        with pytest.raises(grpc.aio.AbortError):
+            await unary.unary_unary(unary.request_deserializer(b"\xff\xff"), context)
+        assert context.aborted is not None and context.aborted[1].startswith("/t.S/U: the request")
+        bidi_guarded = await interceptor.intercept_service(continuation, Details("/t.S/B"))  # type: ignore[arg-type]
+
+        async def requests() -> Any:
+            for data in (b"", b"", b"\xff\xff"):
+                yield bidi_guarded.request_deserializer(data)
+
+        context = FakeContext()
+        with pytest.raises(grpc.aio.AbortError):
+            async for _ in bidi_guarded.stream_stream(requests(), context):
+                pass
+        assert context.aborted is not None
+        assert context.aborted[1].startswith("/t.S/B: message 2 of the request stream")
+        assert all(c is not None for c in contexts) and len(contexts) == 2
+
+    asyncio.run(main())
