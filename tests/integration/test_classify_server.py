@@ -263,7 +263,11 @@ def test_full_queue_is_refused_at_once(tiny_repository: Path) -> None:
             finally:
                 srv.call(handle.batcher.resume)
             assert len(held.result().results) == 3
-    assert refused[3] < 3 * normal[3], (refused, normal)
+            # normal requests timed before and after: load that comes and goes hits both sides
+            normal = sorted(
+                normal + [timed(lambda: stub.Classify(request, timeout=30)) for _ in range(7)]
+            )
+    assert refused[3] < 4 * normal[7], (refused, normal)
     value = srv.metrics.registry.get_sample_value
     labels = {"method": "Classify", "model": handle.name, "reason": "resource_exhausted"}
     assert value("textserve_request_failures_total", labels) == 7
