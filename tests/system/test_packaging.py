@@ -121,7 +121,7 @@ def test_the_lean_install_serves_without_torch(wheel: Path, tmp_path: Path) -> N
 
     The wheelhouse is `pip download` of the wheel's own dependencies (through pip's configured
     indexes, a local mirror here, PyPI elsewhere): this proves the declared dependencies are
-    enough to serve. The install itself is offline (--no-index). ~40 s, most of it pip."""
+    enough to serve. The install itself is offline (--no-index). ~15 s here, most of it pip."""
     wheelhouse = tmp_path / "wheelhouse"
     _run(sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
          "--dest", wheelhouse, wheel, timeout=600)  # fmt: skip
