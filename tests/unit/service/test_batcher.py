@@ -496,6 +496,8 @@ def test_the_queue_takes_exactly_its_limit_and_refusals_say_what_to_do() -> None
         batcher.pause()
         three = asyncio.create_task(batcher.submit([1, 2, 3], [1] * 3))
         await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        with pytest.raises(OverloadedError, match="overloaded: 3 texts queued"):
+            await batcher.submit([1] * 4, [1] * 4)  # could fit an empty queue: "retry later"
         last = asyncio.create_task(batcher.submit([4], [1]))  # 3 + 1 == limit: fits
         await wait_until(lambda: batcher.snapshot().queue_depth == 4)
         batcher.resume()
@@ -543,8 +545,9 @@ def test_items_whose_deadline_passed_in_the_queue_are_dropped_and_counted() -> N
         clock.now += 10  # exactly at the deadline: expired
         batcher.resume()
         for task in doomed:
-            with pytest.raises(DeadlineExceededError, match="waiting for model 'fake'"):
+            with pytest.raises(DeadlineExceededError) as info:
                 await task
+            assert str(info.value) == "deadline exceeded after 10.000s waiting for model 'fake'"
         assert (await live).outputs[:, 0].tolist() == [3]
         assert model.batches == [[3]]
         assert batcher.snapshot().dropped_deadline == 2
@@ -628,6 +631,11 @@ def test_a_full_batch_does_not_wait_out_the_delay() -> None:
         await asyncio.wait_for(batcher.submit([1, 2], [1, 1]), 5)  # full by count
         await asyncio.wait_for(batcher.submit([3], [4]), 5)  # full by tokens
         await batcher.close()
+        config = BatcherConfig(max_queue_delay=10.0, max_batch_size=8, max_batch_tokens=4)
+        batcher = Batcher(FakeModel(), config, name="fake")
+        batcher.start()
+        await asyncio.wait_for(batcher.submit([1, 2], [2, 2]), 5)  # 2 + 2 tokens: full
+        await batcher.close()
 
     asyncio.run(main())
 
@@ -639,16 +647,17 @@ def test_close_without_grace_cancels_the_queue_and_says_so(
         batcher: Batcher[int] = Batcher(FakeModel(), BatcherConfig(), name="fake")
         batcher.start()
         batcher.pause()
-        task = asyncio.create_task(batcher.submit([1], [1]))
-        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        tasks = [asyncio.create_task(batcher.submit([i], [1])) for i in (1, 2)]
+        await wait_until(lambda: batcher.snapshot().queue_depth == 2)
         await batcher.close()  # the default: no grace
-        with pytest.raises(NotReadyError, match="model 'fake' shut down before this request ran"):
-            await task
+        for task in tasks:
+            with pytest.raises(NotReadyError, match="model 'fake' shut down before this request"):
+                await task
         assert batcher.snapshot().queue_depth == 0 and batcher._queued_tokens == 0
 
     asyncio.run(main())
     assert [r.getMessage() for r in caplog.records] == [
-        "fake: cancelled 1 queued texts at shutdown"
+        "fake: cancelled 2 queued texts at shutdown"
     ]
 
 
@@ -708,6 +717,8 @@ def test_a_wrong_row_count_or_a_failing_model_fails_the_batch_with_the_reason_lo
         (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
         assert record.getMessage() == "fake: inference failed for a batch of 2"
         assert record.exc_info is not None and record.exc_info[0] is RuntimeError
+        expected = "run_batch returned 1 rows for 2 items" if model is short else "boom"
+        assert str(record.exc_info[1]) == expected
 
 
 def test_batch_output_runs_and_row_errors_reach_their_callers_and_the_statistics() -> None:
@@ -868,6 +879,30 @@ def test_the_worker_goes_on_after_a_take_that_dropped_everything() -> None:
             await doomed
         result = await asyncio.wait_for(batcher.submit([2], [1]), 5)  # still served
         assert result.outputs[:, 0].tolist() == [2]
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_close_with_a_grace_lets_queued_work_finish() -> None:
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(FakeModel(), BatcherConfig(max_batch_size=1), name="f")
+        batcher.start()
+        batcher.pause()
+        tasks = [asyncio.create_task(batcher.submit([i], [1])) for i in (1, 2, 3)]
+        await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        await batcher.close(30)  # returns once idle, long before the grace
+        assert [(await t).outputs[0, 0] for t in tasks] == [1, 2, 3]
+
+    asyncio.run(main())
+
+
+def test_a_batch_short_of_full_goes_when_its_delay_is_up() -> None:
+    async def main() -> None:
+        config = BatcherConfig(max_queue_delay=0.02, max_batch_size=8)
+        batcher: Batcher[int] = Batcher(FakeModel(), config, name="f")
+        batcher.start()
+        await asyncio.wait_for(batcher.submit([1], [1]), 5)  # woken by the delay's timer
         await batcher.close()
 
     asyncio.run(main())
