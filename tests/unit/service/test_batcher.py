@@ -340,8 +340,8 @@ def test_timings_report_queue_and_inference() -> None:
         batcher.start()
         batcher.pause()
         called = time.monotonic()
-        task = asyncio.create_task(batcher.submit([1], [1]))
-        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        task = asyncio.create_task(batcher.submit([1, 2], [1, 1]))  # two items, one batch
+        await wait_until(lambda: batcher.snapshot().queue_depth == 2)
         queued = time.monotonic()  # the item was enqueued before this
         await asyncio.sleep(0.05)  # a wait in the queue to measure, not a synchronisation
         resumed = time.monotonic()  # the batch starts after this
