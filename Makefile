@@ -11,7 +11,7 @@ REPOSITORY ?= models
 BENCH_ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv serve test lint typecheck pytest protos bench system-deps clean
+.PHONY: venv serve test lint typecheck pytest protos bench mutate system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,13 @@ bench: venv
 	  --concurrency 1,4,16,64,128 --request-rates half-peak
 	$(PY) -m textserve.export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \
 	  --json bench/results/export_bench.json
+
+## mutate: mutation testing (mutmut) of the core modules, one group at a time against the unit
+## tests that cover it; not part of `make test` (minutes per group). GROUPS="batcher status"
+## runs some; the report is build/mutation/report.md, equivalent survivors tests/mutation/README.md
+GROUPS ?=
+mutate: venv
+	nice -n 10 $(PY) tests/mutation/run.py $(GROUPS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -137,3 +137,44 @@ def make_pki(directory: Path) -> Pki:
         rogue_client_cert=rogue_cert,
         rogue_client_key=rogue_key_path,
     )
+
+
+@dataclass(frozen=True)
+class ChainPki:
+    """A root CA, an intermediate CA under it, and leaves signed by the intermediate; the
+    *_chain files hold the leaf then the intermediate, as a CA delivers them."""
+
+    root_cert: Path  # the only certificate either side trusts
+    server_chain: Path
+    server_leaf: Path  # the server's certificate alone: unverifiable without the intermediate
+    server_key: Path
+    client_chain: Path
+    client_key: Path
+
+
+def make_chain_pki(directory: Path) -> ChainPki:
+    """Write a root -> intermediate -> leaf PKI as PEM files under `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    root_key, intermediate_key = _key(), _key()
+    root = _certificate("textserve test root CA", root_key, None, ca=True)
+    intermediate = _certificate(
+        "textserve test intermediate CA", intermediate_key, (root, root_key), ca=True
+    )
+    root_path, _ = _write(directory, "root-ca", root, root_key)
+    pem = serialization.Encoding.PEM
+    leaves = {}
+    for name, options in (("server", {"server": True}), ("client", {"client": True})):
+        key = _key()
+        leaf = _certificate(f"chain {name}", key, (intermediate, intermediate_key), **options)
+        leaf_path, key_path = _write(directory, f"{name}-leaf", leaf, key)
+        chain_path = directory / f"{name}-chain.pem"
+        chain_path.write_bytes(leaf.public_bytes(pem) + intermediate.public_bytes(pem))
+        leaves[name] = (leaf_path, chain_path, key_path)
+    return ChainPki(
+        root_cert=root_path,
+        server_chain=leaves["server"][1],
+        server_leaf=leaves["server"][0],
+        server_key=leaves["server"][2],
+        client_chain=leaves["client"][1],
+        client_key=leaves["client"][2],
+    )

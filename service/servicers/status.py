@@ -117,10 +117,18 @@ def model_name(name: str) -> str | None:
     return name or None
 
 
+# grpc cancels the handler at the very deadline it reports; the queue's deadline is set this much
+# earlier so that a request expiring in the queue is answered by the server's own
+# DEADLINE_EXCEEDED (the model and the wait in its message, `dropped_deadline` counted), not
+# by a cancellation that races it.
+DEADLINE_MARGIN_S = 0.01
+
+
 def deadline_of(context: Any) -> float | None:
-    """The call's deadline as absolute time.monotonic() seconds (None: no deadline)."""
+    """The call's deadline as absolute time.monotonic() seconds (None: no deadline), a margin
+    early: DEADLINE_MARGIN_S."""
     remaining = context.time_remaining()
-    return None if remaining is None else time.monotonic() + remaining
+    return None if remaining is None else time.monotonic() + remaining - DEADLINE_MARGIN_S
 
 
 class Seen:

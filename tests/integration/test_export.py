@@ -18,8 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
+from tests.unprivileged import export_unprivileged, shared_dir, unprivileged_ids  # noqa: E402
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file  # noqa: E402
-from textserve.export import onnx_export, transforms, validate  # noqa: E402
+from textserve.export import onnx_export, validate  # noqa: E402
 from textserve.export.errors import CheckFailed, ExportError  # noqa: E402
 from textserve.model.checkpoint import load_run  # noqa: E402
 from textserve.tokenization import encode_batch, load_tokenizer  # noqa: E402
@@ -138,29 +139,36 @@ def test_int8_records_the_accuracy_change(tiny_run: Path, tmp_path: Path) -> Non
     assert "MatMulInteger" in ops or "DynamicQuantizeLinear" in ops
 
 
-def _untrained_graph(tiny_run: Path):  # type: ignore[no-untyped-def]
-    """A quantizer stand-in that writes an untrained model's graph: accuracy collapses."""
-    run = load_run(tiny_run)
+def _int8_hostile_run(tiny_run: Path, to: Path) -> Path:
+    """tiny_run with fp32 logits unchanged but an activation int8 cannot carry: the last norm
+    (post-norm: the last block's norm2) writes a constant 1e4 into channel 0, which the head
+    ignores (weight 0). Dynamic
+    quantization scales the head's input by its range, 1e4 / 255 per step, so every real
+    feature (|x| ~ 1) rounds to nothing: the real int8 graph loses the model's accuracy."""
+    from safetensors.torch import load_file, save_file
 
-    def quantize(src: Path, dst: Path) -> dict[str, object]:
-        torch.manual_seed(1)
-        model = type(run.model)(run.config).eval()
-        transforms.export_onnx(model, dst, max_length=run.max_length)
-        return {"method": "test stand-in"}
+    run_dir = shutil.copytree(tiny_run, to)
+    weights = load_file(str(run_dir / "model.safetensors"))
+    last = max(int(key.split(".")[1]) for key in weights if key.startswith("blocks."))
+    norm = "final_norm" if "final_norm.weight" in weights else f"blocks.{last}.norm2"
+    weights[f"{norm}.weight"][0] = 0.0
+    weights[f"{norm}.bias"][0] = 1e4
+    weights["head.weight"][:, 0] = 0.0
+    save_file(weights, str(run_dir / "model.safetensors"))
+    return run_dir
 
-    return quantize
 
-
-def test_int8_is_refused_when_accuracy_drops_too_much(
-    tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(transforms, "quantize_int8", _untrained_graph(tiny_run))
+def test_int8_is_refused_when_accuracy_drops_too_much(tiny_run: Path, tmp_path: Path) -> None:
+    run_dir = _int8_hostile_run(tiny_run, tmp_path / "run")
     with pytest.raises(
         CheckFailed, match=r"int8 accuracy check failed: test accuracy drops"
     ) as info:
-        onnx_export.export_run(tiny_run, tmp_path, "q", quantize="int8", threads=1)
+        onnx_export.export_run(run_dir, tmp_path / "models", "q", quantize="int8", threads=1)
     assert info.value.figure is not None and info.value.figure > 1.0
-    assert entries(tmp_path / "q") == []
+    assert entries(tmp_path / "models" / "q") == []
+    # the same run in fp32 passes every check: the drop is int8's alone
+    onnx_export.export_run(run_dir, tmp_path / "models", "q", threads=1)
+    assert entries(tmp_path / "models" / "q") == ["1"]
 
 
 def test_fp16_keeps_float32_logits_and_states_its_tolerance(tiny_run: Path, tmp_path: Path) -> None:
@@ -253,14 +261,19 @@ def test_unwritable_repository_is_a_clear_error(tiny_run: Path, tmp_path: Path) 
     assert blocker.read_text() == "a file where the repository should be"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_read_only_repository_is_a_clear_error(tiny_run: Path, tmp_path: Path) -> None:
-    repo = tmp_path / "models"
-    (repo / "m").mkdir(parents=True)
-    (repo / "m").chmod(0o555)
-    try:
-        with pytest.raises(ExportError, match="cannot write to the model repository"):
-            onnx_export.export_run(tiny_run, repo, "m")
+def test_read_only_repository_is_a_clear_error(tiny_run: Path) -> None:
+    """Run as root too (CI): the export writes as `nobody` (tests/unprivileged.py), the
+    owner of a model folder whose mode bits forbid writing."""
+    with shared_dir() as shared:
+        run_dir = shutil.copytree(tiny_run, shared / "run")
+        repo = shared / "models"
+        (repo / "m").mkdir(parents=True)
+        for path in (repo, repo / "m"):
+            os.chown(path, *unprivileged_ids())
+        (repo / "m").chmod(0o555)
+        try:
+            message = export_unprivileged(run_dir, repo, "m")
+        finally:
+            (repo / "m").chmod(0o755)
+        assert message == f"cannot write to the model repository {repo / 'm'}: Permission denied"
         assert entries(repo / "m") == []
-    finally:
-        (repo / "m").chmod(0o755)

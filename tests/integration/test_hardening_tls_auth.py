@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.certs import Pki, make_pki
+from tests.certs import Pki, make_chain_pki, make_pki
 from tests.serving import RunningServer, running_server
 from textserve.cli import main as cli_main
 from textserve.client import AsyncClient, Client, ClientError
@@ -99,6 +99,39 @@ def test_tls_serves_clients_that_trust_its_ca_only(tiny_repository: Path, pki: P
         ):
             wrong.classify(["a server this client does not trust"])
         assert trust_error.value.code == "UNAVAILABLE"
+
+
+def test_certificate_chains_through_an_intermediate_ca(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    """Both sides trust only the root; each presents its leaf and the intermediate CA that
+    signed it (--tls-cert and the client's cert may be chains), and that is enough."""
+    chain = make_chain_pki(tmp_path / "pki")
+    security = SecurityConfig(
+        tls_cert=chain.server_chain, tls_key=chain.server_key, tls_client_ca=chain.root_cert
+    )
+    credentials = channel_credentials(chain.root_cert, chain.client_chain, chain.client_key)
+    with (
+        running_server(tiny_repository, security=security, credentials=credentials) as srv,
+        Client(
+            srv.address, ca=chain.root_cert, cert=chain.client_chain, key=chain.client_key
+        ) as client,
+    ):
+        assert client.classify(["a gripping film"]).predictions[0].label
+    # the intermediate is what makes it work: a server sending its leaf alone is not trusted
+    intermediate = chain.server_chain.read_bytes().removeprefix(chain.server_leaf.read_bytes())
+    both = tmp_path / "root-and-intermediate.pem"  # the test's own readiness check trusts both
+    both.write_bytes(chain.root_cert.read_bytes() + intermediate)
+    alone = SecurityConfig(tls_cert=chain.server_leaf, tls_key=chain.server_key)
+    with running_server(
+        tiny_repository, security=alone, credentials=channel_credentials(both)
+    ) as srv:
+        with (
+            Client(srv.address, ca=chain.root_cert, timeout=5) as client,
+            pytest.raises(ClientError) as info,
+        ):
+            client.classify(["a server whose chain is cut"])
+        assert info.value.code == "UNAVAILABLE"
 
 
 def test_mutual_tls_refuses_clients_without_a_valid_certificate(

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -24,10 +25,12 @@ from textserve.oip import grpc_service_pb2_grpc as oip_grpc
 from textserve.service.engine.handle import ModelHandle
 from textserve.service.engine.runtime import Session
 from textserve.service.metrics import Metrics
+from textserve.service.repository.core import ModelRepository
 from textserve.service.repository.policy import parse_policies
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
+CALLERS = 32  # half through textserve.v1, half through OIP
 TEXTS = ["a gripping, beautifully acted film", "dull", "the plot is a mess and far too long", "ok"]
 
 
@@ -108,16 +111,26 @@ def drop_broken_version(model_dir: Path) -> int:
 
 @pytest.mark.slow
 def test_versions_published_under_load_lose_no_request(
-    tiny_run: Path, tiny_repository: Path, tmp_path: Path
+    tiny_run: Path, tiny_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from textserve.export.onnx_export import export_run
 
     repository = tmp_path / "models"
     shutil.copytree(tiny_repository, repository)
     stop = threading.Event()
+    # The requests in flight in the version being retired, at each switch: the drain must
+    # finish every one of them.
+    in_flight: list[tuple[int, int]] = []
+    retire = ModelRepository._retire
+
+    def recording_retire(self: ModelRepository, record: Any, entry: Any) -> None:
+        in_flight.append((entry.version, entry.handle._active if entry.handle else 0))
+        retire(self, record, entry)
+
+    monkeypatch.setattr(ModelRepository, "_retire", recording_retire)
     with running_server(repository, poll_interval=0.2) as srv, srv.channel() as channel:
         stub = pb_grpc.ClassifierStub(channel)
-        callers = [Caller(srv.address, stop), Caller(srv.address, stop, oip=True)]
+        callers = [Caller(srv.address, stop, oip=i % 2 == 1) for i in range(CALLERS)]
         sampler = InfoSampler(srv.metrics, stop)
 
         def state_of(version: int) -> int:
@@ -133,16 +146,25 @@ def test_versions_published_under_load_lose_no_request(
                 for c, n in zip(callers, seen, strict=True)
             )
 
+        def hold_requests() -> None:
+            """Hold the served version's queue until the switch: at least half the callers
+            have a request in it then (the drain runs them; a pause ends with the version)."""
+            handle = srv.server.repository.get()
+            srv.call(handle.batcher.pause)
+            poll(lambda: handle._active >= CALLERS // 2, "requests to wait in the queue")
+
         for thread in (*callers, sampler):
             thread.start()
         published: list[int] = []
         try:
+            hold_requests()
             version = int(export_run(tiny_run, repository, "tiny", threads=1).name)
             published.append(version)
             poll(served_by_all(version), f"version {version} to be served")
             broken = drop_broken_version(repository / "tiny")
             poll(lambda: state_of(broken) == pb.MODEL_STATE_FAILED, f"{broken} to be refused")
             for _ in range(2):
+                hold_requests()
                 version = int(export_run(tiny_run, repository, "tiny", threads=1).name)
                 published.append(version)
                 poll(served_by_all(version), f"version {version} to be served")
@@ -153,6 +175,9 @@ def test_versions_published_under_load_lose_no_request(
         info = stub.GetModel(pb.GetModelRequest(name="tiny"), timeout=10)
 
     assert published == [2, 4, 5] and broken == 3
+    # three switches (1 -> 2 -> 4 -> 5), each with requests in flight in the retired version
+    assert [v for v, _ in in_flight] == [1, 2, 4], in_flight
+    assert all(active >= CALLERS // 2 for _, active in in_flight), in_flight
     for caller in callers:
         assert caller.failures == []
         assert caller.versions == sorted(caller.versions), "a response went back a version"

@@ -168,9 +168,27 @@ def test_model_statistics_count_both_apis(server: RunningServer, stubs) -> None:
         (only,) = stats.model_stats
         return only.inference_stats.success.count
 
-    before = success()
+    def stats() -> Any:
+        (only,) = oip.ModelStatistics(pb.ModelStatisticsRequest(name=model), timeout=30).model_stats
+        return only
+
+    before = stats()
     classifier.Classify(v1.ClassifyRequest(texts=["good"], model=model), timeout=30)
     oip.ModelInfer(infer_request(model, ["good"], raw=False), timeout=30)
-    assert success() == before + 2
+    assert success() == before.inference_stats.success.count + 2
+    # failures of both APIs, counted apart from the successes
+    with pytest.raises(grpc.RpcError) as info:
+        classifier.Classify(v1.ClassifyRequest(texts=[], model=model), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    bad = infer_request(model, ["good"], raw=False)
+    bad.inputs[0].datatype = "FP32"
+    with pytest.raises(grpc.RpcError) as info:
+        oip.ModelInfer(bad, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    after = stats()
+    assert after.inference_stats.fail.count == before.inference_stats.fail.count + 2
+    assert after.inference_stats.fail.ns > before.inference_stats.fail.ns
+    assert after.inference_stats.success.count == before.inference_stats.success.count + 2
+    assert after.inference_count == before.inference_count + 2  # texts run, not refused ones
     everything = oip.ModelStatistics(pb.ModelStatisticsRequest(), timeout=30)
     assert [s.name for s in everything.model_stats] == [model]

@@ -1,14 +1,18 @@
 """The wheel installs ONE import package, `textserve`, and a user's own `model.py` or `service/`
 neither shadows ours nor is shadowed: built for real (pip wheel), installed for real (pip
-install --target), used from a script in a user's folder against a real server."""
+install --target), used from a script in a user's folder against a real server. And the lean
+install: the wheel without extras in a fresh virtual environment, offline from a wheelhouse,
+serves and classifies with no torch there."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import zipfile
 from pathlib import Path
 
@@ -103,3 +107,73 @@ def test_a_users_own_model_and_service_modules_do_not_collide(
         )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split()) == 2
+
+
+def _run(*argv: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
+    return done  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_the_lean_install_serves_without_torch(wheel: Path, tmp_path: Path) -> None:
+    """`pip install textserve` (no extras) in a fresh venv: serve, classify, no torch.
+
+    The wheelhouse is `pip download` of the wheel's own dependencies (through pip's configured
+    indexes, a local mirror here, PyPI elsewhere): this proves the declared dependencies are
+    enough to serve. The install itself is offline (--no-index). ~15 s here, most of it pip."""
+    wheelhouse = tmp_path / "wheelhouse"
+    _run(sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
+         "--dest", wheelhouse, wheel, timeout=600)  # fmt: skip
+    downloaded = {p.name.split("-")[0].lower() for p in wheelhouse.glob("*.whl")}
+    assert "torch" not in downloaded and "onnxruntime" in downloaded, downloaded
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", venv, timeout=300)
+    bin_dir = venv / "bin"
+    _run(bin_dir / "python", "-m", "pip", "install", "-q", "--no-index", "--find-links",
+         wheelhouse, wheel, timeout=600)  # fmt: skip
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    no_torch = subprocess.run([bin_dir / "python", "-c", "import torch"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert no_torch.returncode == 1
+    assert "ModuleNotFoundError: No module named 'torch'" in no_torch.stderr
+
+    repository = tmp_path / "models"
+    make_version(repository, "handmade", 1)
+    server = subprocess.Popen(
+        [bin_dir / "textserve", "serve", "--repository", repository, "--listen",
+         "127.0.0.1:0", "--metrics-port", "off"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the ready line: the server is up and warm
+            line = server.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if match := re.search(r"textserve is serving on (\S+)", line):
+                address = match.group(1)
+                break
+        else:
+            raise AssertionError("".join(lines))
+        assert match, "".join(lines)
+        done = _run(bin_dir / "textserve", "classify", "--server", address, "--json",
+                    "a good film", "a bad plot", cwd=tmp_path, env=env, timeout=60)  # fmt: skip
+        # and the server process itself never imported torch
+        modules = Path(f"/proc/{server.pid}/maps").read_text()
+        assert "libtorch" not in modules
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert done.stdout.count('"label"') == 2, done.stdout
+    assert textserve_of(bin_dir).startswith(str(venv))
+
+
+def textserve_of(bin_dir: Path) -> str:
+    """Where the venv's python imports textserve from (the install, not this checkout)."""
+    code = "import textserve; print(textserve.__file__)"
+    return _run(bin_dir / "python", "-c", code, cwd=bin_dir).stdout.strip()

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from textserve.service.config import BatcherConfig
-from textserve.service.engine.batcher import Batcher, BatchStats
+from textserve.service.engine.batcher import Batcher, BatchOutput, BatchStats, RunStats
 from textserve.service.errors import (
     DeadlineExceededError,
     InternalError,
     NotReadyError,
     OverloadedError,
+    ValidationError,
 )
 
 
@@ -327,12 +328,32 @@ def test_close_without_grace_fails_what_is_left() -> None:
 
 
 def test_timings_report_queue_and_inference() -> None:
-    async def body(batcher: Batcher[int], model: FakeModel) -> None:
-        result = await batcher.submit([1], [1])
-        assert result.queue_seconds >= 0.0
-        assert result.inference_seconds > 0.0
+    """queue_seconds covers the time held in the queue, inference_seconds the model's run, and
+    together they fit in the call: bounds from the test's own clock readings around them."""
 
-    run(body)
+    def model(payloads: list[int]) -> np.ndarray:
+        time.sleep(0.02)  # the inference: at least 20 ms
+        return np.ones((len(payloads), 1))
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig())
+        batcher.start()
+        batcher.pause()
+        called = time.monotonic()
+        task = asyncio.create_task(batcher.submit([1, 2], [1, 1]))  # two items, one batch
+        await wait_until(lambda: batcher.snapshot().queue_depth == 2)
+        queued = time.monotonic()  # the item was enqueued before this
+        await asyncio.sleep(0.05)  # a wait in the queue to measure, not a synchronisation
+        resumed = time.monotonic()  # the batch starts after this
+        batcher.resume()
+        result = await task
+        total = time.monotonic() - called
+        await batcher.close()
+        assert result.queue_seconds >= resumed - queued
+        assert result.inference_seconds >= 0.02
+        assert result.queue_seconds + result.inference_seconds <= total
+
+    asyncio.run(main())
 
 
 def test_stats_mean_batch_size() -> None:
@@ -356,7 +377,11 @@ def test_the_inference_thread_goes_on_to_the_next_batch_without_the_loop() -> No
         batcher.start()
         calls = [asyncio.create_task(batcher.submit([i], [1])) for i in range(3)]
         await wait_until(lambda: bool(started))
-        time.sleep(0.5)  # the loop does something else for a while
+        # The loop is blocked (it polls without yielding) until the executor thread has
+        # started all three batches by itself, or 10 s have passed.
+        blocked_until = time.monotonic() + 10
+        while len(started) < 3 and time.monotonic() < blocked_until:
+            time.sleep(0.001)
         assert started == [0, 1, 2]  # all three ran meanwhile, back to back
         results = await asyncio.gather(*calls)
         assert [r.outputs.shape for r in results] == [(1, 1)] * 3
@@ -371,7 +396,10 @@ def test_many_callers_two_inference_threads_deadlines_and_cancellations() -> Non
     # under mixed traffic every caller gets its own rows or its own error, and nothing is lost.
     rng = random.Random(0)
 
+    sizes: list[int] = []  # every batch the model ran
+
     def model(payloads: list[int]) -> np.ndarray:
+        sizes.append(len(payloads))
         time.sleep(rng.random() * 0.002)
         return np.asarray(payloads, dtype=np.float64).reshape(-1, 1)
 
@@ -406,10 +434,475 @@ def test_many_callers_two_inference_threads_deadlines_and_cancellations() -> Non
                     outcomes.append("ok")
 
         await asyncio.gather(*(caller(c) for c in range(50)))
+        # a batch whose callers all left is counted when its results reach the loop, which can
+        # be after the last caller returned: poll until the statistics caught up
+        await wait_until(lambda: batcher.snapshot().batches >= len(sizes))
         snapshot = batcher.snapshot()
         assert len(outcomes) == 400 and outcomes.count("ok") >= 150
         assert snapshot.queue_depth == 0 and batcher._queued_tokens == 0
-        assert snapshot.batches >= 1 and snapshot.max_batch_size_seen <= 8
+        # the statistics count exactly what the model ran
+        assert (snapshot.batches, snapshot.items) == (len(sizes), sum(sizes))
+        assert snapshot.max_batch_size_seen == max(sizes) <= 8
+        assert sum(sizes) >= 150  # at least the rows of the answered calls
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+# -- contracts `make mutate` found unchecked -------------------------------------------------
+
+
+class FullRecorder(Recorder):
+    """Also records each batch's seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: list[float] = []
+
+    def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
+        super().on_batch(size, padded_tokens, padding_ratio, seconds)
+        self.seconds.append(seconds)
+
+
+class FakeClock:
+    """The batcher's clock, moved by hand: deadlines expire when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_queue_takes_exactly_its_limit_and_refusals_say_what_to_do() -> None:
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(FakeModel(), BatcherConfig(max_queue_size=4))  # no name
+        batcher.start()
+        batcher.pause()
+        whole = asyncio.create_task(batcher.submit([1, 2, 3, 4], [1] * 4))  # n == limit: fits
+        await wait_until(lambda: batcher.snapshot().queue_depth == 4)
+        with pytest.raises(OverloadedError) as full:
+            await batcher.submit([5], [1])
+        assert str(full.value) == (
+            "model 'model' is overloaded: 4 texts queued (limit 4); retry later"
+        )
+        with pytest.raises(OverloadedError) as never:
+            await batcher.submit([1] * 5, [1] * 5)
+        assert str(never.value) == (
+            "5 texts can never fit model 'model''s queue of 4; send fewer texts per request"
+        )
+        batcher.resume()
+        assert (await whole).outputs[:, 0].tolist() == [1, 2, 3, 4]
+        batcher.pause()
+        three = asyncio.create_task(batcher.submit([1, 2, 3], [1] * 3))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        with pytest.raises(OverloadedError, match="overloaded: 3 texts queued"):
+            await batcher.submit([1] * 4, [1] * 4)  # could fit an empty queue: "retry later"
+        last = asyncio.create_task(batcher.submit([4], [1]))  # 3 + 1 == limit: fits
+        await wait_until(lambda: batcher.snapshot().queue_depth == 4)
+        batcher.resume()
+        await asyncio.gather(three, last)
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_submit_refuses_bad_calls_with_their_reason() -> None:
+    clock = FakeClock()
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(FakeModel(), BatcherConfig(), name="fake", clock=clock)
+        batcher.start()
+        with pytest.raises(ValueError, match=r"^submit needs one length per payload, got 0 and 0$"):
+            await batcher.submit([], [])
+        with pytest.raises(ValueError, match="got 2 and 1"):
+            await batcher.submit([1, 2], [1])
+        with pytest.raises(DeadlineExceededError) as late:
+            await batcher.submit([1], [1], deadline=clock.now)  # due now: already passed
+        assert str(late.value) == "the deadline had passed before the request was queued"
+        await batcher.close()
+        with pytest.raises(NotReadyError) as closed:
+            await batcher.submit([1], [1])
+        assert str(closed.value) == "model 'fake' is not accepting requests (shutting down)"
+
+    asyncio.run(main())
+
+
+def test_items_whose_deadline_passed_in_the_queue_are_dropped_and_counted() -> None:
+    clock = FakeClock()
+    model = FakeModel()
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(), name="fake", clock=clock)
+        batcher.start()
+        batcher.pause()
+        # deadlines on the batcher's clock: the loop's timers would fire only in 10 s
+        doomed = [
+            asyncio.create_task(batcher.submit([i], [3], deadline=clock.now + 10)) for i in (1, 2)
+        ]
+        live = asyncio.create_task(batcher.submit([3], [3]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        clock.now += 10  # exactly at the deadline: expired
+        batcher.resume()
+        for task in doomed:
+            with pytest.raises(DeadlineExceededError) as info:
+                await task
+            assert str(info.value) == "deadline exceeded after 10.000s waiting for model 'fake'"
+        assert (await live).outputs[:, 0].tolist() == [3]
+        assert model.batches == [[3]]
+        assert batcher.snapshot().dropped_deadline == 2
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_an_item_expiring_while_a_batch_runs_is_dropped_by_the_inference_thread() -> None:
+    clock = FakeClock()
+    gate = threading.Event()
+    model = FakeModel(gate)
+
+    async def main() -> None:
+        config = BatcherConfig(max_batch_size=1)
+        batcher: Batcher[int] = Batcher(model, config, name="fake", clock=clock)
+        batcher.start()
+        running = asyncio.create_task(batcher.submit([1], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 0)  # taken: it runs
+        doomed = asyncio.create_task(batcher.submit([2], [1], deadline=clock.now + 10))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        clock.now += 20
+        gate.set()  # the thread finishes batch 1 and looks at the queue itself
+        await running
+        with pytest.raises(DeadlineExceededError):
+            await asyncio.wait_for(doomed, 5)
+        assert model.batches == [[1]] and batcher.snapshot().dropped_deadline == 1
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_paused_batcher_runs_no_next_batch_even_from_the_inference_thread() -> None:
+    gate = threading.Event()
+    model = FakeModel(gate)
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(max_batch_size=1), name="fake")
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([1], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 0)
+        second = asyncio.create_task(batcher.submit([2], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        batcher.pause()
+        gate.set()
+        await first
+        for _ in range(20):  # the loop turns: nothing may take the second batch meanwhile
+            await asyncio.sleep(0)
+        assert model.batches == [[1]] and batcher.snapshot().queue_depth == 1
+        batcher.resume()
+        await second
+        assert model.batches == [[1], [2]]
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_batch_waits_up_to_the_delay_to_fill_but_not_once_full() -> None:
+    model = FakeModel()
+
+    async def main() -> None:
+        config = BatcherConfig(max_queue_delay=0.5, max_batch_size=3)
+        batcher: Batcher[int] = Batcher(model, config, name="fake")
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([1], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        await asyncio.sleep(0.01)  # well within the delay: the first item still waits
+        await batcher.submit([2, 3], [1, 1])  # fills the batch: it goes at once
+        await first
+        assert model.batches == [[1, 2, 3]]
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_full_batch_does_not_wait_out_the_delay() -> None:
+    async def main() -> None:
+        config = BatcherConfig(max_queue_delay=10.0, max_batch_size=2, max_batch_tokens=4)
+        batcher: Batcher[int] = Batcher(FakeModel(), config, name="fake")
+        batcher.start()
+        await asyncio.wait_for(batcher.submit([1, 2], [1, 1]), 5)  # full by count
+        await asyncio.wait_for(batcher.submit([3], [4]), 5)  # full by tokens
+        await batcher.close()
+        config = BatcherConfig(max_queue_delay=10.0, max_batch_size=8, max_batch_tokens=4)
+        batcher = Batcher(FakeModel(), config, name="fake")
+        batcher.start()
+        await asyncio.wait_for(batcher.submit([1, 2], [2, 2]), 5)  # 2 + 2 tokens: full
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_close_without_grace_cancels_the_queue_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(FakeModel(), BatcherConfig(), name="fake")
+        batcher.start()
+        batcher.pause()
+        tasks = [asyncio.create_task(batcher.submit([i], [1])) for i in (1, 2)]
+        await wait_until(lambda: batcher.snapshot().queue_depth == 2)
+        await batcher.close()  # the default: no grace
+        for task in tasks:
+            with pytest.raises(NotReadyError, match="model 'fake' shut down before this request"):
+                await task
+        assert batcher.snapshot().queue_depth == 0 and batcher._queued_tokens == 0
+
+    asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records] == [
+        "fake: cancelled 2 queued texts at shutdown"
+    ]
+
+
+def test_close_with_a_grace_stops_waiting_at_its_end(caplog: pytest.LogCaptureFixture) -> None:
+    gate = threading.Event()
+    hold = 5.0  # the model holds its batch this long, far longer than the grace
+
+    def model(payloads: list[int]) -> np.ndarray:
+        gate.wait(hold)
+        return np.ones((len(payloads), 1))
+
+    async def main() -> float:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(max_batch_size=1), name="fake")
+        batcher.start()
+        running = asyncio.create_task(batcher.submit([1], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 0)
+        queued = asyncio.create_task(batcher.submit([2], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        started = time.monotonic()
+        await batcher.close(0.05)  # returns at the end of the grace, the batch still running
+        took = time.monotonic() - started
+        gate.set()
+        for task in (running, queued):
+            with pytest.raises(NotReadyError):
+                await task
+        return took
+
+    took = asyncio.run(main())
+    assert took < hold / 2  # it neither waited for the batch nor for its executor thread
+    messages = [r.getMessage() for r in caplog.records]
+    assert "fake: 1 queued texts left after the grace period" in messages
+
+
+def test_a_wrong_row_count_or_a_failing_model_fails_the_batch_with_the_reason_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def short(payloads: list[int]) -> np.ndarray:
+        return np.ones((len(payloads) - 1, 1))
+
+    def broken(payloads: list[int]) -> np.ndarray:
+        raise RuntimeError("boom")
+
+    for model, reason in ((short, "RuntimeError"), (broken, "RuntimeError")):
+        caplog.clear()
+
+        async def main(
+            model: Callable[[list[int]], np.ndarray] = model, reason: str = reason
+        ) -> None:
+            batcher: Batcher[int] = Batcher(model, BatcherConfig(), name="fake")
+            batcher.start()
+            with pytest.raises(InternalError) as info:
+                await batcher.submit([1, 2], [1, 1])
+            assert str(info.value) == f"inference failed ({reason})"
+            await batcher.close()
+
+        asyncio.run(main())
+        (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert record.getMessage() == "fake: inference failed for a batch of 2"
+        assert record.exc_info is not None and record.exc_info[0] is RuntimeError
+        expected = "run_batch returned 1 rows for 2 items" if model is short else "boom"
+        assert str(record.exc_info[1]) == expected
+
+
+def test_batch_output_runs_and_row_errors_reach_their_callers_and_the_statistics() -> None:
+    recorder = FullRecorder()
+
+    def model(payloads: list[int]) -> BatchOutput:
+        outputs = np.asarray(payloads, dtype=np.float32).reshape(-1, 1)
+        runs = (RunStats(0, 0, 0, 0.5), RunStats(2, 8, 5, 0.25), RunStats(1, 0, 0, 0.125))
+        return BatchOutput(outputs, runs, {0: ValidationError("row 0 is bad")})
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(), observer=recorder, name="f")
+        batcher.start()
+        batcher.pause()
+        bad = asyncio.create_task(batcher.submit([7], [1]))
+        good = asyncio.create_task(batcher.submit([8, 9], [1, 1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        batcher.resume()
+        with pytest.raises(ValidationError, match="row 0 is bad"):
+            await bad
+        result = await good
+        assert result.outputs[:, 0].tolist() == [8, 9]
+        assert result.outputs.dtype == np.float32
+        stats = batcher.snapshot()
+        # the empty run is skipped, the others counted as they are
+        assert (stats.batches, stats.items, stats.padded_tokens, stats.padding_tokens) == (
+            2,
+            3,
+            8,
+            3,
+        )
+        await batcher.close()
+
+    asyncio.run(main())
+    assert recorder.batches == [(2, 8, pytest.approx(3 / 8)), (1, 0, 0.0)]
+    assert recorder.seconds == [0.25, 0.125]
+
+
+def test_a_request_split_over_batches_sums_their_time_and_its_rows_keep_their_dtype() -> None:
+    recorder = FullRecorder()
+
+    def model(payloads: list[int]) -> np.ndarray:
+        time.sleep(0.02)
+        names.add(threading.current_thread().name)
+        return np.asarray(payloads, dtype=np.float32).reshape(-1, 1)
+
+    names: set[str] = set()
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(
+            model, BatcherConfig(max_batch_size=2), observer=recorder, name="split"
+        )
+        batcher.start()
+        batcher.pause()
+        started = time.monotonic()
+        task = asyncio.create_task(batcher.submit([1, 2, 3, 4], [1] * 4))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 4)
+        batcher.resume()
+        result = await task
+        total = time.monotonic() - started
+        assert result.outputs[:, 0].tolist() == [1, 2, 3, 4]
+        assert result.outputs.dtype == np.float32
+        assert result.inference_seconds >= 0.04  # both batches, 20 ms each at least
+        assert len(recorder.seconds) == 2 and all(s >= 0.02 for s in recorder.seconds)
+        assert all(0 <= w <= total for w in recorder.waits)
+        assert all(isinstance(d, int) for d in recorder.depths) and recorder.depths[-1] == 0
+        await batcher.close()
+
+    asyncio.run(main())
+    assert names and all(name.startswith("infer-split") for name in names)
+
+
+def test_a_batch_fills_the_token_budget_exactly_and_min_fill_is_inclusive() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        task = asyncio.create_task(batcher.submit(list(range(4)), [10] * 4))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 4)
+        batcher.resume()
+        await task
+        assert [len(b) for b in model.batches] == [4]  # 4 x 10 == 40 tokens: one batch
+
+    run(body, max_batch_size=8, max_batch_tokens=40)
+
+    async def padded(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        # after two texts of 10 (min_fill reached) a 40 would make the batch 50% padding
+        task = asyncio.create_task(batcher.submit([10, 10, 40], [10, 10, 40]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        batcher.resume()
+        await task
+        assert model.batches == [[10, 10], [40]]
+        model.batches.clear()
+        # 10, 10 then 16: exactly 25% padding (36 real of 48), not more: one batch
+        await batcher.submit([10, 10, 16], [10, 10, 16])
+        assert model.batches == [[10, 10, 16]]
+
+    run(padded, max_padding_ratio=0.25, min_fill=2)
+
+
+def test_length_buckets_are_eight_tokens_wide() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        # 9 (oldest) and 16 share the bucket 9..16; 8 is in the next one down
+        task = asyncio.create_task(batcher.submit([9, 8, 16], [9, 8, 16]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        batcher.resume()
+        await task
+        assert model.batches == [[9, 16], [8]]
+
+    run(body, max_batch_size=2)
+
+
+def test_an_executor_passed_in_is_left_running_and_an_own_one_is_shut_down() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    shared = ThreadPoolExecutor(1)
+
+    async def main() -> None:
+        lent: Batcher[int] = Batcher(FakeModel(), BatcherConfig(), executor=shared)
+        own: Batcher[int] = Batcher(FakeModel(), BatcherConfig())
+        for batcher in (lent, own):
+            batcher.start()
+            await batcher.submit([1], [1])
+            await batcher.close()
+        assert own._executor._shutdown  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+    assert shared.submit(lambda: 42).result(timeout=5) == 42  # still usable
+    shared.shutdown()
+
+
+def test_flush_runs_what_is_queued_without_waiting_for_the_delay() -> None:
+    async def main() -> None:
+        config = BatcherConfig(max_queue_delay=10.0, max_batch_size=8)
+        batcher: Batcher[int] = Batcher(FakeModel(), config, name="fake")
+        batcher.start()
+        task = asyncio.create_task(batcher.submit([1], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        batcher.flush()  # the drain: no more traffic is coming
+        await asyncio.wait_for(task, 5)
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_the_worker_goes_on_after_a_take_that_dropped_everything() -> None:
+    clock = FakeClock()
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(FakeModel(), BatcherConfig(), name="fake", clock=clock)
+        batcher.start()
+        batcher.pause()
+        doomed = asyncio.create_task(batcher.submit([1], [1], deadline=clock.now + 1))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        clock.now += 2
+        batcher.resume()
+        with pytest.raises(DeadlineExceededError):
+            await doomed
+        result = await asyncio.wait_for(batcher.submit([2], [1]), 5)  # still served
+        assert result.outputs[:, 0].tolist() == [2]
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_close_with_a_grace_lets_queued_work_finish() -> None:
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(FakeModel(), BatcherConfig(max_batch_size=1), name="f")
+        batcher.start()
+        batcher.pause()
+        tasks = [asyncio.create_task(batcher.submit([i], [1])) for i in (1, 2, 3)]
+        await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        await batcher.close(30)  # returns once idle, long before the grace
+        assert [(await t).outputs[0, 0] for t in tasks] == [1, 2, 3]
+
+    asyncio.run(main())
+
+
+def test_a_batch_short_of_full_goes_when_its_delay_is_up() -> None:
+    async def main() -> None:
+        config = BatcherConfig(max_queue_delay=0.02, max_batch_size=8)
+        batcher: Batcher[int] = Batcher(FakeModel(), config, name="f")
+        batcher.start()
+        await asyncio.wait_for(batcher.submit([1], [1]), 5)  # woken by the delay's timer
         await batcher.close()
 
     asyncio.run(main())

@@ -185,6 +185,25 @@ def test_latency_buckets_are_fine_from_100us_to_10s() -> None:
     ratios = [b / a for a, b in itertools.pairwise(LATENCY_BUCKETS)]
     assert max(ratios) <= 1.5 + 1e-9
     assert all(r > 1 for r in ratios)
+    assert len(LATENCY_BUCKETS) == 46  # the README's figure
+
+
+def test_every_latency_histogram_exposes_the_46_buckets(metrics: Metrics) -> None:
+    """What a scrape sees: 46 bounds and +Inf on each latency histogram, the same bounds."""
+    metrics.observe_request("Classify", "default", "OK", 0.01)
+    latency = {
+        "textserve_request_duration_seconds", "textserve_queue_duration_seconds",
+        "textserve_tokenize_duration_seconds", "textserve_inference_duration_seconds",
+    }  # fmt: skip
+    bounds: dict[str, set[str]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name.removesuffix("_bucket") in latency and sample.name.endswith("_bucket"):
+                bounds.setdefault(sample.name, set()).add(sample.labels["le"])
+    assert set(bounds) == {f"{name}_bucket" for name in latency}
+    expected = {str(float(b)) for b in LATENCY_BUCKETS} | {"+Inf"}
+    assert len(expected) == 47
+    assert all(found == expected for found in bounds.values()), bounds
 
 
 def test_padding_ratio() -> None:
@@ -200,8 +219,16 @@ def test_default_registry_exposes_process_metrics() -> None:
     m = Metrics()
     cpu = m.registry.get_sample_value("process_cpu_seconds_total")
     assert cpu is not None and cpu > 0
-    # A second instance in the same process must not clash with the first.
-    assert Metrics().registry is not m.registry
+    # A second instance in the same process does not clash with the first (constructing it
+    # does not raise), has the process metrics too, and counts on its own.
+    other = Metrics()
+    assert other.registry.get_sample_value("process_cpu_seconds_total") is not None
+    m.init_model("default")
+    other.init_model("default")
+    m.observe_request("Classify", "default", "OK", 0.01)
+    labels = {"method": "Classify", "model": "default"}
+    assert m.registry.get_sample_value("textserve_requests_total", labels) == 1
+    assert other.registry.get_sample_value("textserve_requests_total", labels) == 0
 
 
 def test_metrics_server_serves_the_registry_on_a_bound_port(metrics: Metrics) -> None:

@@ -209,3 +209,56 @@ def test_typed_response_subset_and_column_shape() -> None:
 def test_probabilities_of_the_wrong_shape_are_a_bug_not_bad_input() -> None:
     with pytest.raises(ValueError, match="expected"):
         encode_response(decoded(["x"]), PROBS, LABELS, model_name="m", model_version="1")
+
+
+# The exact messages: they are the gRPC details an OIP client reads (`make mutate` found every
+# one of them free to change unnoticed).
+def _tensor_request(datatype: str = "BYTES", count: int = 1) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="m")
+    for _ in range(count):
+        request.inputs.add(name="TEXT", datatype=datatype, shape=[1])
+    return request
+
+
+def _message(request: pb.ModelInferRequest) -> str:
+    with pytest.raises(ValidationError) as info:
+        decode_request(request)
+    return str(info.value)
+
+
+def test_decode_errors_say_exactly_what_is_wrong() -> None:
+    assert _message(_tensor_request(count=2)) == "input tensor 'TEXT' is given 2 times"
+    assert _message(_tensor_request(datatype="")) == (
+        "input tensor 'TEXT': datatype must be BYTES, got none"
+    )
+    unknown = typed_request(["a"])
+    unknown.outputs.add(name="LOGITS")
+    assert _message(unknown) == (
+        "unknown output tensor 'LOGITS'; the model's outputs are LABEL, SCORE, PROBABILITIES"
+    )
+    no_value = typed_request(["a"])
+    no_value.parameters["truncate"].SetInParent()
+    assert _message(no_value) == "parameter 'truncate' must be a bool (bool_param), got no value"
+
+
+def test_a_count_mismatch_hints_at_typed_contents_only_when_some_were_sent() -> None:
+    plain = typed_request(["a"], shape=[2])
+    assert _message(plain) == (
+        "input tensor 'TEXT': shape [2] needs 2 element(s) but contents.bytes_contents has 1"
+    )
+    typed = _tensor_request()
+    typed.inputs[0].contents.int_contents.append(1)
+    typed.inputs[0].contents.fp32_contents.append(1.0)
+    assert _message(typed) == (
+        "input tensor 'TEXT': shape [1] needs 1 element(s) but contents.bytes_contents has 0; "
+        "BYTES data goes there, not in int_contents, fp32_contents"
+    )
+
+
+def test_a_truncated_length_prefix_says_how_many_bytes_are_left() -> None:
+    with pytest.raises(ValidationError) as info:
+        unpack_bytes(pack_bytes([b"ab"]) + b"\x01\x00", 2)
+    assert str(info.value) == (
+        "input tensor 'TEXT': raw_input_contents is malformed: element 1 has a truncated 4-byte "
+        "length prefix (2 byte(s) left)"
+    )

@@ -408,20 +408,32 @@ def test_the_watcher_picks_up_a_new_version(tmp_path: Path) -> None:
 
 
 def test_close_cuts_a_drain_short(tmp_path: Path) -> None:
+    """close() does not wait out a drain's grace: measured against that grace, it is cut."""
+    grace = 20.0
     make_version(tmp_path, "m", 1)
+    timings: dict[str, float] = {}
 
     async def body(repository: ModelRepository) -> None:
         old = repository.get()
         old.batcher.pause()
         request = asyncio.create_task(old.classify(["good"]))
-        await asyncio.sleep(0.01)
+        while not old._active:  # polling: the request is in the handle
+            await asyncio.sleep(0)
         old._active += 1  # a request that never finishes: only close() ends the drain
         make_version(tmp_path, "m", 2)
         await repository.reconcile()
-        assert not repository._drains[("m", 1)].done()
+        drain = repository._drains[("m", 1)]
+        assert not drain.done()
         await request  # flushed by the drain: queued work still runs
+        assert not drain.done()  # still waiting for the request that never finishes
+        started = time.monotonic()
+        # wait_for: without the cut, fail at half the grace instead of waiting all of it
+        await asyncio.wait_for(repository.close(), grace / 2)
+        timings["close"] = time.monotonic() - started
+        assert drain.done() and old.batcher._closed
 
-    run(tmp_path, body, grace_period=60)
+    run(tmp_path, body, grace_period=grace)
+    assert timings["close"] < grace / 4, timings
 
 
 def test_the_watcher_survives_failing_scans(caplog: pytest.LogCaptureFixture) -> None:

@@ -29,8 +29,10 @@ from textserve.service.servicers.interceptors import (
     TokenAuthInterceptor,
     TokenSet,
     Undecodable,
+    auth_interceptors,
     bearer_token,
     guard,
+    refusal_handler,
     safe_deserializer,
 )
 from textserve.v1 import classifier_pb2 as pb
@@ -270,5 +272,254 @@ def test_the_guard_is_built_once_per_method() -> None:
         first = await interceptor.intercept_service(continuation, Details())  # type: ignore[arg-type]
         again = await interceptor.intercept_service(continuation, Details())  # type: ignore[arg-type]
         assert first is again and first is not handler
+
+    asyncio.run(main())
+
+
+# -- contracts `make mutate` found unchecked -------------------------------------------------
+
+KINDS = {
+    "unary_unary": (grpc.unary_unary_rpc_method_handler, False, False),
+    "unary_stream": (grpc.unary_stream_rpc_method_handler, False, True),
+    "stream_unary": (grpc.stream_unary_rpc_method_handler, True, False),
+    "stream_stream": (grpc.stream_stream_rpc_method_handler, True, True),
+}
+
+
+def serialize(response: Any) -> bytes:
+    return b""
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_refusal_is_a_handler_of_the_same_kind_that_reads_nothing(kind: str) -> None:
+    make, request_streaming, response_streaming = KINDS[kind]
+
+    async def behavior(request: Any, context: Any) -> None:
+        raise AssertionError("the refused method ran")
+
+    handler = make(behavior, pb.ClassifyRequest.FromString, serialize)
+    refusal = refusal_handler(handler, grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token")
+    assert (refusal.request_streaming, refusal.response_streaming) == (
+        request_streaming,
+        response_streaming,
+    )
+    assert refusal.request_deserializer is None and refusal.response_serializer is serialize
+    context = FakeContext()
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(getattr(refusal, kind)(None, context))
+    assert context.aborted == (grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token")
+
+
+class Details:
+    def __init__(self, method: str, metadata: Any = ()) -> None:
+        self.method = method
+        self.invocation_metadata = metadata
+
+
+def test_the_interceptor_refuses_with_the_reason_and_logs_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def unary(request: Any, context: Any) -> str:
+        return "ok"
+
+    handler = grpc.unary_unary_rpc_method_handler(unary, pb.ClassifyRequest.FromString)
+
+    async def continuation(details: Any) -> Any:
+        return None if details.method.endswith("/Missing") else handler
+
+    async def main() -> None:
+        interceptor = TokenAuthInterceptor(["s3cret"], clock=lambda: 100.0)
+        intercept = interceptor.intercept_service
+        good = Details("/textserve.v1.Classifier/Classify", (("authorization", "Bearer s3cret"),))
+        assert await intercept(continuation, good) is handler  # type: ignore[arg-type]
+        assert await intercept(continuation, Details("/x.Y/Missing")) is None  # type: ignore[arg-type]
+        bad = Details("/textserve.v1.Classifier/Classify", (("authorization", "Bearer nope"),))
+        refusal = await intercept(continuation, bad)  # type: ignore[arg-type]
+        assert refusal is not handler and refusal.request_deserializer is None
+        context = FakeContext()
+        with pytest.raises(grpc.aio.AbortError):
+            await refusal.unary_unary(None, context)
+        assert context.aborted == (grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token")
+
+    asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records] == [
+        "refused 1 unauthenticated call(s) (latest: /textserve.v1.Classifier/Classify: "
+        "invalid bearer token)"
+    ]
+
+
+def test_auth_interceptors_follow_the_token_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert auth_interceptors(SecurityConfig()) == []
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("one\ntwo\n")
+    with caplog.at_level("INFO"):
+        (interceptor,) = auth_interceptors(SecurityConfig(auth_token_file=tokens))
+    assert isinstance(interceptor, TokenAuthInterceptor)
+    assert interceptor.check("/x.Y/Z", (("authorization", "Bearer two"),)) == ""
+    assert interceptor.check("/x.Y/Z", (("authorization", "Bearer three"),)) != ""
+    assert "bearer-token authentication on (2 token(s))" in [r.getMessage() for r in caplog.records]
+
+
+def test_open_services_and_methods_need_no_token() -> None:
+    interceptor = TokenAuthInterceptor(["t"])
+    for method in (
+        "/grpc.health.v1.Health/Check",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        "/inference.GRPCInferenceService/ServerLive",
+        "/inference.GRPCInferenceService/ServerReady",
+    ):
+        assert interceptor.check(method, ()) == "", method
+    for method in (
+        "/inference.GRPCInferenceService/ModelReady",
+        "/textserve.v1.Admin/LoadModel",
+        "Health",  # not a method path: no service
+    ):
+        assert interceptor.check(method, ()).startswith("missing credentials"), method
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_kind_of_method_is_guarded_with_an_exact_message(kind: str) -> None:
+    make, request_streaming, _ = KINDS[kind]
+    seen: list[Any] = []
+
+    if kind == "unary_unary":
+
+        async def behavior(request: Any, context: Any) -> Any:
+            assert context is not None
+            seen.append(request)
+            return "ok"
+    elif kind == "unary_stream":
+
+        async def behavior(request: Any, context: Any) -> Any:  # type: ignore[misc]
+            assert context is not None
+            seen.append(request)
+            yield "ok"
+    elif kind == "stream_unary":
+
+        async def behavior(requests: Any, context: Any) -> Any:  # type: ignore[misc]
+            assert context is not None
+            async for request in requests:
+                seen.append(request)
+            return "ok"
+    else:
+
+        async def behavior(requests: Any, context: Any) -> Any:  # type: ignore[misc]
+            assert context is not None
+            async for request in requests:
+                seen.append(request)
+                yield "ok"
+
+    handler = guard("/t.S/M", make(behavior, pb.ClassifyRequest.FromString, serialize))
+    assert handler.response_serializer is serialize
+    assert (handler.request_streaming, handler.response_streaming) == KINDS[kind][1:]
+    good = handler.request_deserializer(pb.ClassifyRequest(texts=["a"]).SerializeToString())
+    bad = handler.request_deserializer(b"\xff\xff")
+
+    async def call(messages: list[Any]) -> list[Any]:
+        context = FakeContext()
+
+        async def stream() -> Any:
+            for message in messages:
+                yield message
+
+        arg = stream() if request_streaming else messages[0]
+        out: list[Any] = []
+        try:
+            result = getattr(handler, kind)(arg, context)
+            if hasattr(result, "__aiter__"):
+                out.extend([r async for r in result])
+            else:
+                out.append(await result)
+        except grpc.aio.AbortError:
+            out.append(context.aborted)
+        return out
+
+    assert asyncio.run(call([good])) == ["ok"]
+    assert [list(m.texts) for m in seen] == [["a"]]
+    (aborted,) = [x for x in asyncio.run(call([good, bad] if request_streaming else [bad]))
+                  if isinstance(x, tuple)]  # fmt: skip
+    which = "message 1 of the request stream" if request_streaming else "the request"
+    assert aborted[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert aborted[1].startswith(
+        f"/t.S/M: {which} is not a valid protobuf message for this method (DecodeError: "
+    )
+
+
+def test_methods_without_a_deserializer_are_left_alone() -> None:
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
+    assert guard("/t.S/Raw", handler) is handler
+
+
+def test_token_details_exact() -> None:
+    with pytest.raises(ValueError, match=r"^a TokenSet needs at least one token$"):
+        TokenSet([])
+    # a token file's undecodable bytes come as surrogates: they still compare, never raise
+    assert TokenSet(["t\udcff"]).matches("t\udcff") and not TokenSet(["t"]).matches("t\udcff")
+    assert bearer_token([("authorization", b"Bearer t\xe9")]) == ("t\xe9", "")  # latin-1 bytes
+    assert bearer_token([("authorization", "Bearer t")]) == ("t", "")
+    assert bearer_token([]) == (
+        None,
+        "missing credentials: this server needs 'authorization: Bearer <token>' metadata",
+    )
+    both = [("authorization", "Bearer a"), ("authorization", "Bearer b")]
+    assert bearer_token(both) == (None, "send one authorization metadata entry, not several")
+    assert bearer_token([("authorization", "Basic a")]) == (
+        None,
+        "authorization metadata must be 'Bearer <token>'",
+    )
+
+
+def test_the_first_refusal_is_logged_whatever_the_clock(caplog: pytest.LogCaptureFixture) -> None:
+    interceptor = TokenAuthInterceptor(["t"], clock=lambda: 0.0)
+    interceptor._note_refusal("/x.Y/Z", "invalid bearer token")
+    assert len(caplog.records) == 1
+
+
+def test_the_decode_guard_hands_out_guarded_handlers_with_their_method() -> None:
+    contexts: list[Any] = []
+
+    def sync_unary(request: Any, context: Any) -> str:  # a plain function is a valid behaviour
+        contexts.append(context)
+        return "ok"
+
+    async def bidi(requests: Any, context: Any) -> Any:
+        contexts.append(context)
+        async for request in requests:
+            yield request
+
+    handlers = {
+        "/t.S/U": grpc.unary_unary_rpc_method_handler(sync_unary, pb.ClassifyRequest.FromString),
+        "/t.S/B": grpc.stream_stream_rpc_method_handler(bidi, pb.ClassifyRequest.FromString),
+    }
+
+    async def continuation(details: Any) -> Any:
+        return handlers.get(details.method)
+
+    async def main() -> None:
+        interceptor = DecodeGuard()
+        assert await interceptor.intercept_service(continuation, Details("/t.S/None")) is None  # type: ignore[arg-type]
+        unary = await interceptor.intercept_service(continuation, Details("/t.S/U"))  # type: ignore[arg-type]
+        assert unary is not None and unary is not handlers["/t.S/U"]
+        context = FakeContext()
+        assert await unary.unary_unary(unary.request_deserializer(b""), context) == "ok"
+        with pytest.raises(grpc.aio.AbortError):
+            await unary.unary_unary(unary.request_deserializer(b"\xff\xff"), context)
+        assert context.aborted is not None and context.aborted[1].startswith("/t.S/U: the request")
+        bidi_guarded = await interceptor.intercept_service(continuation, Details("/t.S/B"))  # type: ignore[arg-type]
+
+        async def requests() -> Any:
+            for data in (b"", b"", b"\xff\xff"):
+                yield bidi_guarded.request_deserializer(data)
+
+        context = FakeContext()
+        with pytest.raises(grpc.aio.AbortError):
+            async for _ in bidi_guarded.stream_stream(requests(), context):
+                pass
+        assert context.aborted is not None
+        assert context.aborted[1].startswith("/t.S/B: message 2 of the request stream")
+        assert all(c is not None for c in contexts) and len(contexts) == 2
 
     asyncio.run(main())
