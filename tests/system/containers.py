@@ -1,0 +1,151 @@
+"""Podman for the container tests: a Debian base bootstrapped without a registry, the images.
+
+What this kind of machine needs, found by trying (issue 21): the `runc` runtime (crun refuses
+the cgroup hybrid mode), ulimits within the hard limits, host networking for builds (pip and apt
+inside the build), the host's CA bundle mounted into builds and into containers that use pip,
+and `--format docker` (OCI images drop HEALTHCHECK). Runtime, ulimits and network go into a
+containers.conf of the session (CONTAINERS_CONF), so podman-compose's own podman calls get
+them too. No registry: the base image is `mmdebstrap --variant=minbase` bookworm with python3,
+imported with `podman import`, and the Dockerfile's PYTHON_IMAGE build argument selects it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+PROMETHEUS_DOCKERFILE = ROOT / "tests" / "system" / "compose" / "prometheus.Dockerfile"
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+# The CPU torch wheel on this machine's disk (PyPI's torch for Linux is a multi-GB CUDA build).
+TORCH_WHEELS = Path(os.environ.get("TEXTSERVE_TORCH_WHEELS", "/opt/wheels"))
+PREFIX = "textserve-test"  # every image, container and volume these tests create
+BASE_IMAGE = f"localhost/{PREFIX}-base:bookworm"
+IMAGES = {target: f"localhost/{PREFIX}:{target}" for target in ("serve", "train", "prometheus")}
+# Set to keep the images after the session (faster reruns while working on the Dockerfile).
+KEEP_IMAGES = os.environ.get("TEXTSERVE_KEEP_IMAGES", "") not in ("", "0")
+
+# What was built and how long it took, printed at the end of the session (conftest.py).
+REPORT: list[str] = []
+
+CONTAINERS_CONF = """\
+[containers]
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+[engine]
+runtime = "runc"
+"""
+
+
+def unavailable() -> str | None:
+    """Why podman cannot build and run images here, or None."""
+    for tool in ("podman", "runc"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (`make system-deps` installs podman, runc, mmdebstrap)"
+    return None
+
+
+@dataclass
+class Podman:
+    """podman with the session's containers.conf."""
+
+    conf: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "CONTAINERS_CONF": str(self.conf)}
+
+    def __call__(
+        self, *args: str, timeout: float = 120, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            ["podman", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=self.env,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"podman {' '.join(args)} exited {done.returncode}:\n"
+                f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            )
+        return done
+
+    def exists(self, image: str) -> bool:
+        return self("image", "exists", image, check=False).returncode == 0
+
+    def size_mb(self, image: str) -> float:
+        return int(self("image", "inspect", "--format", "{{.Size}}", image).stdout) / 1e6
+
+    def bootstrap_base(self, workdir: Path) -> None:
+        """BASE_IMAGE from Debian's archive: mmdebstrap minbase + python3 (about a minute)."""
+        if self.exists(BASE_IMAGE):
+            return
+        if shutil.which("mmdebstrap") is None:
+            raise AssertionError("mmdebstrap is not installed: run `make system-deps`")
+        rootfs = workdir / "rootfs.tar"
+        started = time.monotonic()
+        # python-is-python3: the official image's `python` command, which the Dockerfile uses.
+        subprocess.run(
+            ["mmdebstrap", "--variant=minbase", "--quiet",
+             "--include=python3,python3-venv,python-is-python3,ca-certificates",
+             "bookworm", str(rootfs)],
+            check=True, timeout=900, capture_output=True,
+        )  # fmt: skip
+        self("import", str(rootfs), BASE_IMAGE, timeout=300)
+        rootfs.unlink()
+        REPORT.append(f"base image bootstrapped in {time.monotonic() - started:.0f} s")
+
+    def build(self, target: str, *, dockerfile: Path = DOCKERFILE, args: Sequence[str] = ()) -> str:
+        """Build `target` of the Dockerfile on BASE_IMAGE as IMAGES[target]; once a session."""
+        image = IMAGES[target]
+        started = time.monotonic()
+        self(
+            "build", "--format", "docker", "--network", "host",
+            "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
+            "--build-arg", f"{'PYTHON_IMAGE' if dockerfile == DOCKERFILE else 'BASE'}={BASE_IMAGE}",
+            *args, "--target", target, "--tag", image, "--file", str(dockerfile), str(ROOT),
+            timeout=1800,
+        )  # fmt: skip
+        REPORT.append(
+            f"{image}: built in {time.monotonic() - started:.0f} s, {self.size_mb(image):.0f} MB"
+        )
+        return image
+
+    def inspect(self, container: str) -> dict[str, object]:
+        found = json.loads(self("container", "inspect", container).stdout)
+        assert isinstance(found, list) and isinstance(found[0], dict)
+        return found[0]
+
+    def remove(self, *, containers: Sequence[str] = (), volumes: Sequence[str] = ()) -> None:
+        for name in containers:
+            self("rm", "--force", "--volumes", "--time", "5", name, check=False, timeout=60)
+        for name in volumes:
+            self("volume", "rm", "--force", name, check=False)
+
+    @contextmanager
+    def volume(self, name: str) -> Iterator[str]:
+        self("volume", "create", name)
+        try:
+            yield name
+        finally:
+            self.remove(volumes=[name])
+
+
+def wait_until(what: str, check: object, timeout: float, interval: float = 1.0) -> None:
+    """Poll `check()` (a callable returning bool) until true; fail naming `what`."""
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(interval)
