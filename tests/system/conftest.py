@@ -60,7 +60,11 @@ def train_image(podman: Podman) -> str:
     assert wheels, f"no torch wheel in {TORCH_WHEELS} (set TEXTSERVE_TORCH_WHEELS)"
     return podman.build(
         "train",
-        args=["--volume", f"{TORCH_WHEELS}:/torch-wheels:ro", "--build-arg=TORCH_WHEELS=/torch-wheels"],
+        args=[
+            "--volume",
+            f"{TORCH_WHEELS}:/torch-wheels:ro",
+            "--build-arg=TORCH_WHEELS=/torch-wheels",
+        ],
     )
 
 

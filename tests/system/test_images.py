@@ -78,9 +78,7 @@ def exited(podman: Podman, name: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def served(
-    podman: Podman, serve_image: str, default_repository: Path
-) -> Iterator[tuple[str, str]]:
+def served(podman: Podman, serve_image: str, default_repository: Path) -> Iterator[tuple[str, str]]:
     """(container name, host gRPC address) of a healthy serve container."""
     name = f"{PREFIX}-serve-{os.getpid()}"
     with podman.volume(f"{PREFIX}-models-{os.getpid()}") as volume:
