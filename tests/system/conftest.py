@@ -21,7 +21,6 @@ from tests.system.containers import (
     KEEP_IMAGES,
     PROMETHEUS_DOCKERFILE,
     REPORT,
-    TORCH_WHEELS,
     Podman,
     unavailable,
 )
@@ -55,17 +54,7 @@ def serve_image(podman: Podman) -> str:
 
 @pytest.fixture(scope="session")
 def train_image(podman: Podman) -> str:
-    # The CPU torch wheel from the host's disk, mounted into the build (docker/Dockerfile).
-    wheels = list(TORCH_WHEELS.glob("torch-*.whl"))
-    assert wheels, f"no torch wheel in {TORCH_WHEELS} (set TEXTSERVE_TORCH_WHEELS)"
-    return podman.build(
-        "train",
-        args=[
-            "--volume",
-            f"{TORCH_WHEELS}:/torch-wheels:ro",
-            "--build-arg=TORCH_WHEELS=/torch-wheels",
-        ],
-    )
+    return podman.build("train")
 
 
 @pytest.fixture(scope="session")

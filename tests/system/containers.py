@@ -108,12 +108,23 @@ class Podman:
     def build(self, target: str, *, dockerfile: Path = DOCKERFILE, args: Sequence[str] = ()) -> str:
         """Build `target` of the Dockerfile on BASE_IMAGE as IMAGES[target]; once a session."""
         image = IMAGES[target]
+        if dockerfile == DOCKERFILE:
+            # Every target gets the same arguments, so the stages' layers are shared: the CPU
+            # torch wheel from the host's disk, mounted into the build (train uses it).
+            if not list(TORCH_WHEELS.glob("torch-*.whl")):
+                raise AssertionError(f"no torch wheel in {TORCH_WHEELS}: TEXTSERVE_TORCH_WHEELS")
+            args = [
+                "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}",
+                "--volume", f"{TORCH_WHEELS}:/torch-wheels:ro",
+                "--build-arg", "TORCH_WHEELS=/torch-wheels", *args,
+            ]  # fmt: skip
+        else:
+            args = ["--build-arg", f"BASE={BASE_IMAGE}", *args]
         started = time.monotonic()
         self(
             "build", "--format", "docker", "--network", "host",
-            "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-            "--build-arg", f"{'PYTHON_IMAGE' if dockerfile == DOCKERFILE else 'BASE'}={BASE_IMAGE}",
-            *args, "--target", target, "--tag", image, "--file", str(dockerfile), str(ROOT),
+            "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", *args,
+            "--target", target, "--tag", image, "--file", str(dockerfile), str(ROOT),
             timeout=1800,
         )  # fmt: skip
         REPORT.append(

@@ -1,10 +1,10 @@
 """docker/Dockerfile: linted by hadolint, parsed by BuildKit's own parser, recipes run for real.
 
-Checked here without an engine (test_images.py and test_compose_stack.py build and run them
-with podman): the lint,
-the stages and their contract (lean non-root serving image with a gRPC health check, train
-stage with the `train` extra, GPU stage on onnxruntime-gpu), that every file the build copies
-is in the build context, and the requirement lists the build derives from pyproject.toml.
+Checked here without an engine (test_images.py and test_compose_stack.py build and run the
+images with podman): the lint, the stages and their contract (lean non-root serving image with
+a gRPC health check, train stage with the `train` extra, GPU stage on onnxruntime-gpu), that
+every file the build copies is in the build context, and the requirement lists the build
+derives from pyproject.toml.
 """
 
 from __future__ import annotations
