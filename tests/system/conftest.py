@@ -1,10 +1,11 @@
 """Session fixtures of the container tests: podman, the base image and the images, built once.
 
 The images are built at most once a session and shared by test_images.py and
-test_compose_stack.py; everything they create is named `textserve-test…` and removed at the end
-(set TEXTSERVE_KEEP_IMAGES=1 to keep the images for faster reruns). Where podman cannot run the
-tests are skipped with the reason, unless TEXTSERVE_REQUIRE_CONTAINERS=1 (`make test` sets it):
-then that is a failure, so CI never skips them quietly.
+test_compose_stack.py; everything they create is named `textserve-test…` (the images with the
+session's id) and removed at the end (TEXTSERVE_KEEP_IMAGES=1 keeps the images, under fixed
+names, for faster reruns). Where podman cannot run the tests are skipped with the reason, unless
+TEXTSERVE_REQUIRE_CONTAINERS=1 (`make test` sets it): then that is a failure, so CI never skips
+them quietly.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.system.containers import (
-    BASE_IMAGE,
     CONTAINERS_CONF,
-    IMAGES,
     KEEP_IMAGES,
     PROMETHEUS_DOCKERFILE,
     REPORT,
@@ -37,14 +36,10 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
     conf = workdir / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
     runner = Podman(conf)
-    existed = {image for image in (BASE_IMAGE, *IMAGES.values()) if runner.exists(image)}
     runner.bootstrap_base(workdir)
     yield runner
     if not KEEP_IMAGES:
-        for image in (*IMAGES.values(), BASE_IMAGE):
-            if image not in existed:
-                runner("rmi", "--force", image, check=False, timeout=300)
-        runner("image", "prune", "--force", check=False, timeout=300)  # the stages' layers
+        runner.remove_images()
 
 
 @pytest.fixture(scope="session")

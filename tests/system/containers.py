@@ -18,7 +18,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,10 +28,15 @@ CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # The CPU torch wheel on this machine's disk (PyPI's torch for Linux is a multi-GB CUDA build).
 TORCH_WHEELS = Path(os.environ.get("TEXTSERVE_TORCH_WHEELS", "/opt/wheels"))
 PREFIX = "textserve-test"  # every image, container and volume these tests create
-BASE_IMAGE = f"localhost/{PREFIX}-base:bookworm"
-IMAGES = {target: f"localhost/{PREFIX}:{target}" for target in ("serve", "train", "prometheus")}
-# Set to keep the images after the session (faster reruns while working on the Dockerfile).
+# Set to keep the images after the session, under fixed names, so that a rerun reuses the base
+# and the build cache (while working on the Dockerfile). Otherwise the names are the session's
+# own (sessions on one machine never share or remove each other's) and removed at its end.
 KEEP_IMAGES = os.environ.get("TEXTSERVE_KEEP_IMAGES", "") not in ("", "0")
+SESSION = "kept" if KEEP_IMAGES else str(os.getpid())
+BASE_IMAGE = f"localhost/{PREFIX}-base:{SESSION}"
+IMAGES = {
+    target: f"localhost/{PREFIX}-{target}:{SESSION}" for target in ("serve", "train", "prometheus")
+}
 
 # What was built and how long it took, printed at the end of the session (conftest.py).
 REPORT: list[str] = []
@@ -49,14 +54,21 @@ def unavailable() -> str | None:
     for tool in ("podman", "runc"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (`make system-deps` installs podman, runc, mmdebstrap)"
+    done = subprocess.run(
+        ["podman", "--runtime", "runc", "info"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return f"podman cannot run here: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
     return None
 
 
 @dataclass
 class Podman:
-    """podman with the session's containers.conf."""
+    """podman with the session's containers.conf; remembers the images its builds made."""
 
     conf: Path
+    built: list[str] = field(default_factory=list)  # stage images (IDs), then tags
 
     @property
     def env(self) -> dict[str, str]:
@@ -110,27 +122,38 @@ class Podman:
         image = IMAGES[target]
         if dockerfile == DOCKERFILE:
             # Every target gets the same arguments, so the stages' layers are shared: the CPU
-            # torch wheel from the host's disk, mounted into the build (train uses it).
-            if not list(TORCH_WHEELS.glob("torch-*.whl")):
-                raise AssertionError(f"no torch wheel in {TORCH_WHEELS}: TEXTSERVE_TORCH_WHEELS")
-            args = [
-                "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}",
-                "--volume", f"{TORCH_WHEELS}:/torch-wheels:ro",
-                "--build-arg", "TORCH_WHEELS=/torch-wheels", *args,
-            ]  # fmt: skip
+            # torch wheel from the host's disk, mounted into the build (train uses it); where
+            # there is none, the Dockerfile's default, PyTorch's CPU-only index.
+            args = ["--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", *args]
+            if list(TORCH_WHEELS.glob("torch-*.whl")):
+                args += [
+                    "--volume", f"{TORCH_WHEELS}:/torch-wheels:ro",
+                    "--build-arg", "TORCH_WHEELS=/torch-wheels",
+                ]  # fmt: skip
         else:
             args = ["--build-arg", f"BASE={BASE_IMAGE}", *args]
         started = time.monotonic()
-        self(
+        done = self(
             "build", "--format", "docker", "--network", "host",
             "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", *args,
             "--target", target, "--tag", image, "--file", str(dockerfile), str(ROOT),
             timeout=1800,
         )  # fmt: skip
+        # "--> ID" after each stage: its image, kept as the build cache of the session.
+        self.built += [
+            line[4:].strip() for line in done.stdout.splitlines() if line.startswith("--> ")
+        ]
+        self.built.append(image)
         REPORT.append(
             f"{image}: built in {time.monotonic() - started:.0f} s, {self.size_mb(image):.0f} MB"
         )
         return image
+
+    def remove_images(self) -> None:
+        """What this session built, newest first, then the base. Without --force: an image that
+        something else still uses (a container, another image built on it) stays."""
+        for image in [*reversed(self.built), BASE_IMAGE]:
+            self("rmi", image, check=False, timeout=300)
 
     def inspect(self, container: str) -> dict[str, object]:
         found = json.loads(self("container", "inspect", container).stdout)
