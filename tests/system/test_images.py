@@ -85,12 +85,19 @@ def served(podman: Podman, serve_image: str, default_repository: Path) -> Iterat
         fill_volume(podman, volume, default_repository)
         start(podman, serve_image, name, volume)
         try:
-            wait_until(
-                "the container turns healthy through its HEALTHCHECK",
-                lambda: exited(podman, name) or healthcheck(podman, name).returncode == 0,
-                timeout=240,
-                interval=2,
-            )
+            try:
+                wait_until(
+                    "the container turns healthy through its HEALTHCHECK",
+                    lambda: exited(podman, name) or healthcheck(podman, name).returncode == 0,
+                    timeout=240,
+                    interval=2,
+                )
+            except AssertionError as exc:
+                last = healthcheck(podman, name)
+                raise AssertionError(
+                    f"{exc}\nhealthcheck: {last.stdout}{last.stderr}\n"
+                    + podman("logs", name).stderr[-3000:]
+                ) from None
             assert not exited(podman, name), podman("logs", name).stderr[-3000:]
             port = podman("port", name, "50051/tcp").stdout.strip().rsplit(":", 1)[1]
             yield name, f"127.0.0.1:{port}"
