@@ -22,13 +22,19 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 # Debian packages the system tests use: the real Prometheus server (and promtool), and
-# docker-compose to validate docker-compose.yml (no engine needed); skipped when present.
+# docker-compose to validate docker-compose.yml (no engine needed); podman (runc runtime, the CNI
+# dnsname plugin so compose services find each other by name) and mmdebstrap to build and run
+# the images and the compose stack (tests/system/test_images.py, test_compose_stack.py; no
+# registry needed). Skipped when present.
+SYSTEM_PACKAGES := prometheus docker-compose libb64-0d podman runc mmdebstrap \
+  golang-github-containernetworking-plugin-dnsname uidmap slirp4netns fuse-overlayfs
 system-deps:
-	@command -v prometheus >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1 \
-	  && ldconfig -p | grep -q libb64.so.0d || { \
+	@( for c in prometheus docker-compose podman runc mmdebstrap; do \
+	  command -v $$c >/dev/null 2>&1 || exit 1; done ) \
+	  && ldconfig -p | grep -q libb64.so.0d && test -x /usr/lib/cni/dnsname || { \
 	  SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends \
-	    prometheus docker-compose libb64-0d >/dev/null; }
+	    $(SYSTEM_PACKAGES) >/dev/null; }
 
 ## serve: set up, fetch the default data, train + export the default model if none exists, serve it
 serve: venv
@@ -47,8 +53,9 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
+# TEXTSERVE_REQUIRE_CONTAINERS: system-deps installed podman, so the container tests never skip.
 pytest: venv
-	$(VENV)/bin/pytest -q
+	TEXTSERVE_REQUIRE_CONTAINERS=1 $(VENV)/bin/pytest -q
 
 ## protos: regenerate the committed gRPC code (with .pyi stubs) from protos/
 protos: venv

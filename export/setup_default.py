@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="small", help="model preset for training")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the data set is kept")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for training")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="training epochs at most (default: train's)"
+    )
 
 
 def existing_versions(repository: Path, name: str) -> list[int]:
@@ -64,6 +67,7 @@ def setup_default(
     preset: str = "small",
     cache_dir: Path | None = None,
     threads: int | None = None,
+    epochs: int | None = None,
 ) -> Path:
     """Make sure `repository/name` has a version; returns the newest version's directory."""
     versions = existing_versions(repository, name)
@@ -83,6 +87,8 @@ def setup_default(
         kwargs: dict[str, object] = {"preset": preset, "output_dir": run_dir, "threads": threads}
         if cache_dir is not None:
             kwargs["cache_dir"] = cache_dir
+        if epochs is not None:
+            kwargs["epochs"] = epochs
         logger.info("training the default model (%s preset) into %s", preset, run_dir)
         train(TrainConfig(**kwargs))  # type: ignore[arg-type]
 
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             preset=args.preset,
             cache_dir=args.cache_dir,
             threads=args.threads,
+            epochs=args.epochs,
         )
     except ModuleNotFoundError as exc:
         raise CliError(

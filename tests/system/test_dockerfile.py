@@ -1,9 +1,10 @@
 """docker/Dockerfile: linted by hadolint, parsed by BuildKit's own parser, recipes run for real.
 
-No engine here to build the images, so this checks what can be checked without one: the lint,
-the stages and their contract (lean non-root serving image with a gRPC health check, train
-stage with the `train` extra, GPU stage on onnxruntime-gpu), that every file the build copies
-is in the build context, and the requirement lists the build derives from pyproject.toml.
+Checked here without an engine (test_images.py and test_compose_stack.py build and run the
+images with podman): the lint, the stages and their contract (lean non-root serving image with
+a gRPC health check, train stage with the `train` extra, GPU stage on onnxruntime-gpu), that
+every file the build copies is in the build context, and the requirement lists the build
+derives from pyproject.toml.
 """
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_hadolint_finds_nothing() -> None:
-    done = hadolint(DOCKERFILE)
+@pytest.mark.parametrize(
+    "path", [DOCKERFILE, ROOT / "tests/system/compose/prometheus.Dockerfile"], ids=lambda p: p.name
+)
+def test_hadolint_finds_nothing(path: Path) -> None:
+    done = hadolint(path)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -102,6 +106,8 @@ def test_the_train_stage_has_the_train_extra_and_a_cpu_torch() -> None:
     text = runs(train)
     assert '"$(ls /wheels/textserve-*.whl)[train]"' in text
     assert "--index-url https://download.pytorch.org/whl/cpu -r /wheels/torch.txt" in text
+    # or, given a directory of wheels (TORCH_WHEELS), torch itself only from there
+    assert '--no-index --no-deps --find-links "$TORCH_WHEELS" -r /wheels/torch.txt' in text
     assert last(train, "USER").value[0].split(":")[0] not in ("root", "0")
     assert last(train, "CMD").value[0] == "setup-default"
 
