@@ -42,8 +42,10 @@ def test_worker_memory_counts_the_newest_version_of_each_model(config: ServerCon
     assert worker_memory(config.repository) == expected
 
 
-@pytest.mark.parametrize(("cpus", "expected"), [(1, 1), (2, 2), (6, 6), (16, 8), (64, 8)])
-def test_auto_is_one_worker_per_cpu_up_to_8(
+@pytest.mark.parametrize(
+    ("cpus", "expected"), [(1, 1), (2, 1), (3, 1), (4, 2), (6, 3), (16, 8), (64, 8)]
+)
+def test_auto_is_one_worker_per_two_cpus_up_to_8(
     monkeypatch: pytest.MonkeyPatch, config: ServerConfig, cpus: int, expected: int
 ) -> None:
     machine(monkeypatch, cpus, 2**40)
@@ -61,9 +63,9 @@ def test_auto_never_takes_more_than_the_memory_holds(
     monkeypatch: pytest.MonkeyPatch, config: ServerConfig
 ) -> None:
     per_worker = worker_memory(config.repository)
-    machine(monkeypatch, 8, 3 * per_worker + 1)
+    machine(monkeypatch, 16, 3 * per_worker + 1)
     assert resolve_workers("auto", config) == 3
-    machine(monkeypatch, 8, per_worker // 2)
+    machine(monkeypatch, 16, per_worker // 2)
     assert resolve_workers("auto", config) == 1  # one always runs: as without --workers
 
 
