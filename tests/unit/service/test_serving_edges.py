@@ -6,7 +6,6 @@ import argparse
 import io
 from pathlib import Path
 
-import grpc
 import pytest
 
 from textserve.cli import CliError, build_parser
@@ -14,42 +13,7 @@ from textserve.client import ClientError, Prediction, to_result
 from textserve.commands import classify as classify_cli
 from textserve.service import cli as serve_cli
 from textserve.service.config import BatcherConfig, ConfigError, RuntimeConfig, ServerConfig
-from textserve.service.errors import (
-    DeadlineExceededError,
-    ModelNotFoundError,
-    NotReadyError,
-    OverloadedError,
-    ServiceError,
-    ValidationError,
-)
-from textserve.service.servicers.status import GRPC_CODES, code_name, grpc_code, public_message
 from textserve.v1 import classifier_pb2 as pb
-
-
-@pytest.mark.parametrize(
-    ("exc", "code"),
-    [
-        (ValidationError("x"), "INVALID_ARGUMENT"),
-        (ModelNotFoundError("x"), "NOT_FOUND"),
-        (NotReadyError("x"), "UNAVAILABLE"),
-        (OverloadedError("x"), "RESOURCE_EXHAUSTED"),
-        (DeadlineExceededError("x"), "DEADLINE_EXCEEDED"),
-        (ServiceError("x"), "INTERNAL"),
-        (KeyError("secret internals"), "INTERNAL"),
-    ],
-)
-def test_one_table_maps_the_taxonomy(exc: Exception, code: str) -> None:
-    assert code_name(exc) == code
-    assert grpc_code(exc) is grpc.StatusCode[code]
-
-
-def test_every_code_in_the_table_is_a_grpc_code() -> None:
-    assert all(name in grpc.StatusCode.__members__ for name in GRPC_CODES.values())
-
-
-def test_unexpected_errors_do_not_leak_their_message() -> None:
-    assert public_message(ValidationError("texts[0] is empty")) == "texts[0] is empty"
-    assert "secret" not in public_message(KeyError("secret internals"))
 
 
 @pytest.mark.parametrize(

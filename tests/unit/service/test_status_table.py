@@ -23,9 +23,11 @@ from textserve.service.errors import (
 )
 from textserve.service.servicers.status import (
     DEADLINE_MARGIN_S,
+    GRPC_CODES,
     Seen,
     code_name,
     deadline_of,
+    grpc_code,
     grpc_errors,
     log_unexpected,
     public_message,
@@ -45,10 +47,16 @@ from textserve.service.servicers.status import (
         (InternalError("x"), "INTERNAL"),
         (ServiceError("x"), "INTERNAL"),
         (RuntimeError("x"), "INTERNAL"),
+        (KeyError("secret internals"), "INTERNAL"),
     ],
 )
 def test_each_error_has_its_code(exc: Exception, code: str) -> None:
     assert code_name(exc) == code
+    assert grpc_code(exc) is grpc.StatusCode[code]
+
+
+def test_every_code_in_the_table_is_a_grpc_code() -> None:
+    assert all(name in grpc.StatusCode.__members__ for name in GRPC_CODES.values())
 
 
 def test_a_subclass_takes_its_parents_code() -> None:
@@ -59,6 +67,8 @@ def test_a_subclass_takes_its_parents_code() -> None:
 
 
 def test_callers_see_our_messages_never_an_unexpected_exceptions() -> None:
+    assert public_message(ValidationError("texts[0] is empty")) == "texts[0] is empty"
+    assert "secret" not in public_message(KeyError("secret internals"))
     assert public_message(OverloadedError("queue full; retry later")) == "queue full; retry later"
     assert public_message(KeyError("/secret/path")) == "internal error (logged on the server)"
 
