@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +28,11 @@ from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from textserve.service.config import RuntimeConfig, ServerConfig
 from textserve.service.metrics import Metrics
+from textserve.service.repository.core import ModelRepository
 from textserve.service.server import Server, create_server
 from textserve.service.servicers.context import Register
 
@@ -260,3 +262,25 @@ def serve_subprocess(
                 process.kill()
                 process.wait()
         reader.join(timeout=5)
+
+
+def run_repository(
+    root: Path, body: Callable[[ModelRepository], Awaitable[Any]], **overrides: Any
+) -> Metrics:
+    """A real ModelRepository over `root` (loaded, not watching unless told: the tests reconcile
+    by hand), `body(repository)` run on its event loop, then closed; its metrics."""
+    overrides.setdefault("runtime", RuntimeConfig(device="cpu", intra_op_threads=1))
+    overrides.setdefault("poll_interval", 0)  # the tests reconcile by hand unless they watch
+    config = ServerConfig(repository=root, metrics_port=None, **overrides)
+    metrics = Metrics(CollectorRegistry())
+
+    async def main() -> None:
+        repository = ModelRepository(config, metrics)
+        try:
+            await repository.load_all()
+            await body(repository)
+        finally:
+            await repository.close()
+
+    asyncio.run(main())
+    return metrics

@@ -12,42 +12,23 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import onnx
 import pytest
 from onnx import TensorProto
-from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer, models
 
 from tests.handmade import WORDS, make_onnx, make_tokenizer, make_version
+from tests.serving import run_repository as run
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, sha256_file
-from textserve.service.config import RuntimeConfig, ServerConfig
+from textserve.service.config import RuntimeConfig
 from textserve.service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
 from textserve.service.metrics import Metrics
 from textserve.service.repository.core import LoadError, ModelRepository, ReloadEvent, State
 from textserve.service.repository.policy import parse_policies
 from textserve.service.repository.watcher import RepositoryWatcher
-
-
-def run(root: Path, body: Callable[[ModelRepository], Awaitable[Any]], **overrides: Any) -> Metrics:
-    overrides.setdefault("runtime", RuntimeConfig(device="cpu", intra_op_threads=1))
-    overrides.setdefault("poll_interval", 0)  # the tests reconcile by hand unless they watch
-    config = ServerConfig(repository=root, metrics_port=None, **overrides)
-    metrics = Metrics(CollectorRegistry())
-
-    async def main() -> None:
-        repository = ModelRepository(config, metrics)
-        try:
-            await repository.load_all()
-            await body(repository)
-        finally:
-            await repository.close()
-
-    asyncio.run(main())
-    return metrics
 
 
 def info(metrics: Metrics) -> list[str]:

@@ -13,19 +13,18 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from tests.handmade import make_version
+from tests.serving import run_repository as run
 from tests.untrusted import OPENED as _OPENED
 from tests.untrusted import WATCHED as _WATCHED
 from textserve import artifact
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, parse_version, sha256_file
-from textserve.service.config import RuntimeConfig, ServerConfig
 from textserve.service.metrics import Metrics
 from textserve.service.repository import core
 from textserve.service.repository.core import ModelRepository, State
@@ -42,27 +41,6 @@ def sentinel(tmp_path: Path) -> Iterator[Path]:
     yield path
     _WATCHED.discard(str(path))
     assert not _OPENED, f"opened outside the repository: {_OPENED}"
-
-
-def run(root: Path, body: Callable[[ModelRepository], Awaitable[Any]]) -> Metrics:
-    config = ServerConfig(
-        repository=root,
-        metrics_port=None,
-        runtime=RuntimeConfig(device="cpu", intra_op_threads=1),
-        poll_interval=0,
-    )
-    metrics = Metrics(CollectorRegistry())
-
-    async def main() -> None:
-        repository = ModelRepository(config, metrics)
-        try:
-            await repository.load_all()
-            await body(repository)
-        finally:
-            await repository.close()
-
-    asyncio.run(main())
-    return metrics
 
 
 def failures(metrics: Metrics, reason: str, model: str = "m") -> float:
