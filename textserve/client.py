@@ -62,9 +62,17 @@ def connection_options(index: int, connections: int) -> list[tuple[str, Any]]:
     return [*_OPTIONS, ("grpc.use_local_subchannel_pool", 1), ("textserve.connection", index)]
 
 
-def _check_connections(connections: int) -> None:
+def _open_channels(
+    target: str | Sequence[str], connections: int, *, aio: bool, **tls: Any
+) -> list[Any]:
+    """`connections` channels to `target`, each its own connection (see connection_options);
+    `tls`: open_channel's tls/ca/cert/key/server_name."""
     if not isinstance(connections, int) or connections < 1:
         raise ValueError(f"connections must be a positive integer, got {connections!r}")
+    return [
+        open_channel(target, options=connection_options(i, connections), aio=aio, **tls)
+        for i in range(connections)
+    ]
 
 
 class ClientError(Exception):
@@ -239,14 +247,10 @@ class Client(BlockingClient):
         `authorization: Bearer <token>` with every call; `connections`: channels (each its own
         connection) that classify calls take in turn, so that every worker of a
         `--workers N` server gets some."""
-        _check_connections(connections)
-        self._channels = [
-            open_channel(
-                target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name,
-                options=connection_options(i, connections),
-            )
-            for i in range(connections)
-        ]  # fmt: skip
+        self._channels = _open_channels(
+            target, connections, aio=False,
+            tls=tls, ca=ca, cert=cert, key=key, server_name=server_name,
+        )  # fmt: skip
         super().__init__(target, self._channels[0], timeout=timeout, token=token)
         self.stub = pb_grpc.ClassifierStub(self._channel)
         self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
@@ -446,17 +450,13 @@ class AsyncClient:
         connections: int = 1,
     ) -> None:
         """The same options as Client's."""
-        _check_connections(connections)
         self.target = target
         self.timeout = timeout
         self._metadata = bearer_metadata(token)
-        self._channels = [
-            open_channel(
-                target, tls=tls, ca=ca, cert=cert, key=key, server_name=server_name,
-                options=connection_options(i, connections), aio=True,
-            )
-            for i in range(connections)
-        ]  # fmt: skip
+        self._channels = _open_channels(
+            target, connections, aio=True,
+            tls=tls, ca=ca, cert=cert, key=key, server_name=server_name,
+        )  # fmt: skip
         self._channel = self._channels[0]
         self.stub = pb_grpc.ClassifierStub(self._channel)
         self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
