@@ -160,13 +160,20 @@ HEALTH_CHECKED_SERVICE_CONFIG: dict[str, Any] = {
     **SERVICE_CONFIG,
     "healthCheckConfig": {"serviceName": ""},
 }
-BALANCING_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+_RETRY_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.enable_retries", 1),
     # a replica that restarts (rollout, SIGTERM then back) gets traffic again within seconds,
     # not after gRPC's default backoff of up to two minutes
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
+)
+BALANCING_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+    *_RETRY_OPTIONS,
+)
+HEALTH_CHECKED_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.service_config", json.dumps(HEALTH_CHECKED_SERVICE_CONFIG)),
+    *_RETRY_OPTIONS,
 )
 
 
@@ -252,9 +259,7 @@ def open_channel(
     target = uri
     if health_checked is None:
         health_checked = uri.startswith(("ipv4:", "ipv6:", "dns:"))
-    balancing = list(BALANCING_OPTIONS)
-    if health_checked:
-        balancing[0] = ("grpc.service_config", json.dumps(HEALTH_CHECKED_SERVICE_CONFIG))
+    balancing = HEALTH_CHECKED_OPTIONS if health_checked else BALANCING_OPTIONS
     opts = [*balancing, *extra, *options]
     if not (tls or ca or cert or key):
         if server_name:
