@@ -205,22 +205,17 @@ class ModelHandle:
         if logits.shape != (1, len(self.labels)):
             raise ModelCheckError(
                 f"model.onnx gives {logits.shape[-1] if logits.ndim else 0} logits but the "
-                "manifest has "
-                f"{len(self.labels)} labels"
+                f"manifest has {len(self.labels)} labels"
             )
         if not np.isfinite(logits).all():
             raise ModelCheckError(f"{failure} (its logits are not finite: {logits.tolist()})")
 
     def warmup(self) -> None:
         """Blocking: run representative shapes through the session (before SERVING)."""
-        logits = self._session.warmup(
+        # (one logit per label was checked before, by check(): the loader always runs it first)
+        self._session.warmup(
             self.max_length, self.batcher.config.max_batch_size, self._tokenization.unk_id
         )
-        if logits.shape[-1] != len(self.labels):
-            raise ValueError(
-                f"model.onnx gives {logits.shape[-1]} logits but the manifest has "
-                f"{len(self.labels)} labels"
-            )
         output = self._run_texts([_Text(WARMUP_TEXT, True, 0, None)])
         sample = output.outputs["probabilities"]
         if sample.shape != (1, len(self.labels)) or not np.isfinite(sample).all():
