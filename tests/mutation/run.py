@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterable
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
 SKIP = ("__pycache__", "*.pyc", ".mypy_cache", ".ruff_cache", ".pytest_cache")
 
 
-def stage(group: str) -> Path:
+def stage(group: str, work: Path | None = None) -> Path:
     """A copy of the package, the tests and pyproject.toml with this group's [tool.mutmut]."""
     modules, tests = GROUPS[group]
-    work = OUT / group
+    work = work or OUT / group
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     # symlinks=False: textserve/service -> ../service becomes a real folder, as in the wheel
@@ -99,8 +100,9 @@ def run(group: str, children: int, *, execute: bool = True) -> dict[str, Any]:
     ).stdout
     statuses = dict(re.findall(r"^\s+(\S+): (.+)$", listing, flags=re.M))
     left = [n for n, status in statuses.items() if status not in DETECTED]
-    # hundreds left: the run itself failed (its log says why), no diffs for them
-    diffs = {} if len(left) > 200 else _diffs(work, env, left)
+    # (nearly) every mutant left: the run itself failed (its log says why), no diffs for them
+    failed_run = len(left) > 0.9 * len(statuses)
+    diffs = {} if failed_run else _diffs(work, env, left)
     result = {"statuses": statuses, "diffs": diffs}
     (OUT / f"{group}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     return result
@@ -127,6 +129,28 @@ def _diffs(work: Path, env: dict[str, str], names: list[str]) -> dict[str, str]:
 
 # killed: a test failed; timeout: the tests hung (a loop that never ends), a detection too
 DETECTED = ("killed", "timeout", "caught by type check")
+
+
+def rerun(group: str, patterns: list[str], children: int, workdir: str) -> int:
+    """Stage the group afresh in build/mutation/<workdir>/ and run only the mutants matching
+    the patterns (mutmut's fnmatch names, e.g. '*core.xǁModelRepositoryǁ_drain__mutmut_*');
+    print each one's status. The group's full results and the report are left as they were."""
+    mutmut = [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    work = stage(group, OUT / workdir)
+    with (OUT / f"{workdir}.log").open("w") as out:
+        cmd = [*mutmut, "run", "--max-children", str(children), *patterns]
+        subprocess.run(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+    listing = subprocess.run(
+        [*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
+    ).stdout
+    statuses = dict(re.findall(r"^\s+(\S+): (.+)$", listing, flags=re.M))
+    chosen = {n: st for n, st in statuses.items() if any(fnmatch(n, p) for p in patterns)}
+    for name, status in sorted(chosen.items()):
+        print(f"{status:12} {name}")
+    left = sorted(n for n, status in chosen.items() if status not in DETECTED)
+    print(f"{len(chosen) - len(left)} of {len(chosen)} detected; log: {OUT / workdir}.log")
+    return 0 if chosen else 1
 
 
 def report(results: dict[str, dict[str, Any]]) -> str:
@@ -165,6 +189,16 @@ def main() -> int:
     parser.add_argument("groups", nargs="*", metavar="GROUP", help=f"of {', '.join(GROUPS)}")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
+        "--only",
+        action="append",
+        metavar="PATTERN",
+        help="rerun only the mutants matching these names (fnmatch) of one group, in a "
+        "separate staging folder (--workdir); the group's results are left as they were",
+    )
+    parser.add_argument(
+        "--workdir", help="with --only: build/mutation/<WORKDIR> (default: <group>-only)"
+    )
+    parser.add_argument(
         "--collect", action="store_true", help="only read the results of runs already made"
     )
     args = parser.parse_args()
@@ -172,6 +206,11 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown group(s) {sorted(unknown)}; expected some of {', '.join(GROUPS)}")
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.only:
+        if len(args.groups) != 1:
+            parser.error("--only reruns mutants of exactly one group")
+        group = args.groups[0]
+        return rerun(group, args.only, args.max_children, args.workdir or f"{group}-only")
     for group in args.groups or list(GROUPS):
         run(group, args.max_children, execute=not args.collect)
     # the report covers every group run so far (one at a time, or all at once)
