@@ -4,7 +4,9 @@
 
 It answers textserve.v1 Classify and ClassifyStream (one answer per message, written with
 context.write as textserve does) and inference ModelInfer with a canned result per text (the
-request is parsed, the answer built and serialized, like a real server's transport work), and
+request is parsed, the answer built and serialized, like a real server's transport work), plus
+ModelMetadata, ModelConfig and ModelStatistics as textserve describes a model (so perf_analyzer
+drives it like textserve: `python -m textserve.bench.perf_analyzer --floor`), and
 grpc.health.v1 SERVING. The stream's figure is the transport's per-message floor. What the
 load generator drives against it bounds what it can drive against textserve on the same
 machine: when that is well above textserve's peak, the load generator is not what limits the
@@ -21,6 +23,15 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
+
+from textserve.service.servicers import oip_describe
+
+
+class _EchoModel:
+    """What oip_describe reads of a model handle: any model name, one label."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.version, self.labels = name, 1, ("echo",)
 
 
 def _handlers() -> list[grpc.GenericRpcHandler]:
@@ -60,6 +71,40 @@ def _handlers() -> list[grpc.GenericRpcHandler]:
             raw_output_contents=[b"\x04\x00\x00\x00echo" * n],
         )
 
+    async def server_metadata(
+        request: oip.ServerMetadataRequest, context: object
+    ) -> oip.ServerMetadataResponse:
+        return oip.ServerMetadataResponse(name="echo", version="0", extensions=[])
+
+    async def model_metadata(
+        request: oip.ModelMetadataRequest, context: object
+    ) -> oip.ModelMetadataResponse:
+        return oip_describe.model_metadata(_EchoModel(request.name), versions=[1])
+
+    async def model_config(
+        request: oip.ModelConfigRequest, context: object
+    ) -> oip.ModelConfigResponse:
+        return oip_describe.model_config(
+            _EchoModel(request.name),
+            max_batch_size=1024,
+            batcher_max_batch_size=64,
+            max_queue_delay=0.0,
+        )
+
+    async def model_statistics(
+        request: oip.ModelStatisticsRequest, context: object
+    ) -> oip.ModelStatisticsResponse:
+        # no counts kept: perf_analyzer's server-side columns read 0 for the echo server
+        stats = oip.ModelStatistics(name=request.name, version=request.version or "1")
+        return oip.ModelStatisticsResponse(model_stats=[stats])
+
+    def unary(handler: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            handler,
+            request_deserializer=request_type.FromString,
+            response_serializer=response_type.SerializeToString,
+        )
+
     return [
         grpc.method_handlers_generic_handler(
             "textserve.v1.Classifier",
@@ -79,11 +124,17 @@ def _handlers() -> list[grpc.GenericRpcHandler]:
         grpc.method_handlers_generic_handler(
             "inference.GRPCInferenceService",
             {
-                "ModelInfer": grpc.unary_unary_rpc_method_handler(
-                    model_infer,
-                    request_deserializer=oip.ModelInferRequest.FromString,
-                    response_serializer=oip.ModelInferResponse.SerializeToString,
-                )
+                "ServerMetadata": unary(
+                    server_metadata, oip.ServerMetadataRequest, oip.ServerMetadataResponse
+                ),
+                "ModelInfer": unary(model_infer, oip.ModelInferRequest, oip.ModelInferResponse),
+                "ModelMetadata": unary(
+                    model_metadata, oip.ModelMetadataRequest, oip.ModelMetadataResponse
+                ),
+                "ModelConfig": unary(model_config, oip.ModelConfigRequest, oip.ModelConfigResponse),
+                "ModelStatistics": unary(
+                    model_statistics, oip.ModelStatisticsRequest, oip.ModelStatisticsResponse
+                ),
             },
         ),
     ]

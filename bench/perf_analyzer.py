@@ -14,6 +14,8 @@ concurrency level, plus the server-side queue/compute split it reads from ModelS
 ``half-peak`` for half the highest throughput of the concurrency sweep just run. The summary
 line then compares p99 there with p50 at concurrency 1, measured by a C++ client whose own
 latency tail is far shorter than a Python asyncio load generator's on a small machine.
+``--floor`` then drives the model-less echo server (textserve.bench.echo) at concurrency 1 and
+the same rates, for the same ratio with no model, batching or textserve in the way.
 
 Setup is idempotent (``--setup-only`` does just that): the perf_analyzer that loads on glibc
 2.36 is the one inside the tritonclient 2.51.0 wheel (newer ones need glibc 2.38), so that
@@ -208,7 +210,8 @@ def parse_report(csv_path: Path) -> dict[str, float]:
     report = {load[0]: float(row[load[1]]), "throughput": float(row["Inferences/Second"])}
     for column in LATENCY_COLUMNS + SERVER_COLUMNS:
         key = column.lower().replace(" latency", "").replace(" ", "_") + "_ms"
-        report[key] = float(row[column]) / 1000.0
+        if column in row or column in LATENCY_COLUMNS:  # no server columns: a server that
+            report[key] = float(row[column]) / 1000.0  # counts nothing (the echo server)
     return report
 
 
@@ -228,9 +231,13 @@ def format_table(reports: Sequence[dict[str, float]]) -> str:
         lines.append(
             f"| {load} | {r['throughput']:.1f} | {r['p50_ms']:.2f} | "
             f"{r['p90_ms']:.2f} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | "
-            f"{r['server_queue_ms']:.2f} | {r['server_compute_infer_ms']:.2f} |"
+            f"{_ms(r.get('server_queue_ms'))} | {_ms(r.get('server_compute_infer_ms'))} |"
         )
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 @contextlib.contextmanager
@@ -308,6 +315,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated Poisson rates (requests/s) after the sweep; 'half-peak' is half "
         "the sweep's highest throughput",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="then drive the model-less echo server at concurrency 1 and the same rates: the "
+        "transport's own tail ratio",
+    )
     parser.add_argument("--batch-size", type=int, default=1, help="texts per request")
     parser.add_argument("--request-count", type=int, default=300, help="requests per window")
     parser.add_argument("--stability", type=int, default=25, help="allowed variation, %%")
@@ -323,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(binary)
         return 0
     args.output.mkdir(parents=True, exist_ok=True)
-    for stale in args.output.glob("perf_analyzer_[cr]*.csv"):  # a previous run's levels
+    for stale in args.output.glob("perf_analyzer_*.csv"):  # a previous run's levels
         stale.unlink()
     texts = load_texts(args.texts or default_texts(), args.num_texts)
     input_data = write_input_data(texts, args.output / "perf_analyzer_input.json")
@@ -335,12 +348,59 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) -> int:
-    """perf_analyzer at each concurrency level; the table on stdout, the figures in JSON."""
-    reports: list[dict[str, float]] = []
+    """perf_analyzer at each concurrency level; the table on stdout, the figures in JSON.
+
+    With --floor, the model-less echo server (textserve.bench.echo) is then driven at
+    concurrency 1 and at the same Poisson rates: its tail ratio is what the transport and this
+    machine allow before any model or batching, the floor under textserve's."""
     levels: list[tuple[str, float | None]] = [
         ("concurrency", int(c)) for c in args.concurrency.split(",") if c.strip()
     ]
     levels += [("request_rate", r) for r in _rates(args.request_rates)]
+    reports = run_levels(binary, args, url, input_data, levels)
+    if isinstance(reports, int):
+        return reports
+    result: dict[str, object] = {"textserve": reports}
+    print(format_table(reports))
+    print_ratio("textserve", tail_ratio(reports))
+    if args.floor:
+        from textserve.bench.process import echo_command, start_process
+
+        rates = [("request_rate", r["request_rate"]) for r in reports if "request_rate" in r]
+        echo_levels: list[tuple[str, float | None]] = [("concurrency", 1), *rates]
+        with start_process(echo_command()) as echo:
+            floor = run_levels(binary, args, echo.address, input_data, echo_levels, "echo_")
+        if isinstance(floor, int):
+            return floor
+        result["echo"] = floor
+        print("model-less echo server (the transport's floor), same load generator and rates:")
+        print(format_table(floor))
+        print_ratio("echo", tail_ratio(floor))
+    summary = args.output / "perf_analyzer.json"
+    summary.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {summary}")
+    return 0
+
+
+def print_ratio(server: str, ratio: dict[str, float] | None) -> None:
+    if ratio is not None:
+        print(
+            f"{server}: p99 at {ratio['request_rate']:.0f} requests/s (Poisson) / p50 at "
+            f"concurrency 1: {ratio['p99_ms']:.2f} / {ratio['p50_ms']:.2f} ms = "
+            f"{ratio['ratio']:.1f}x"
+        )
+
+
+def run_levels(
+    binary: Path,
+    args: argparse.Namespace,
+    url: str,
+    input_data: Path,
+    levels: Sequence[tuple[str, float | None]],
+    prefix: str = "",
+) -> list[dict[str, float]] | int:
+    """perf_analyzer at each (kind, value) level; the parsed reports, or an exit status."""
+    reports: list[dict[str, float]] = []
     for kind, value in levels:
         if value is None:  # half-peak
             peak = max((r["throughput"] for r in reports), default=0.0)
@@ -349,7 +409,7 @@ def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) ->
                 return 2
             value = round(peak / 2 / args.batch_size, 1)
         tag = f"c{value:g}" if kind == "concurrency" else f"r{value:g}"
-        csv_path = args.output / f"perf_analyzer_{tag}.csv"
+        csv_path = args.output / f"perf_analyzer_{prefix}{tag}.csv"
         command = perf_analyzer_command(
             binary,
             url=url,
@@ -384,17 +444,7 @@ def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) ->
             sys.stderr.write(done.stdout + done.stderr)
             return done.returncode
         reports.append(parse_report(csv_path))
-    summary = args.output / "perf_analyzer.json"
-    summary.write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
-    print(format_table(reports))
-    ratio = tail_ratio(reports)
-    if ratio is not None:
-        print(
-            f"p99 at {ratio['request_rate']:.0f} requests/s (Poisson) / p50 at concurrency 1: "
-            f"{ratio['p99_ms']:.2f} / {ratio['p50_ms']:.2f} ms = {ratio['ratio']:.1f}x"
-        )
-    print(f"wrote {summary}")
-    return 0
+    return reports
 
 
 def _rates(text: str) -> list[float | None]:

@@ -49,6 +49,11 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             U + "test_reload.py",
             U + "test_untrusted_repository.py",
             U + "test_version_policy.py",
+            # written against this group's survivors (kept beside the behaviour tests above)
+            U + "test_repository_loading.py",
+            U + "test_repository_scanning.py",
+            U + "test_repository_retiring.py",
+            U + "test_repository_files.py",
         ],
     ),
 }

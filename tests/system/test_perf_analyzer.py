@@ -40,11 +40,12 @@ def test_perf_analyzer_reports_every_concurrency_level(
             *("--concurrency", "1,2", "--request-rates", "half-peak", "--request-count", "40"),
             # Stability is not what this test checks; a busy CI machine must not fail it.
             *("--stability", "100", "--output", str(tmp_path), "--tools", str(TOOLS)),
-            *("--level-timeout", "120"),
+            *("--level-timeout", "120", "--floor"),
         ]
     )
     assert status == 0, (tmp_path / "perf_analyzer_server.log").read_text()
-    reports = json.loads((tmp_path / "perf_analyzer.json").read_text())
+    result = json.loads((tmp_path / "perf_analyzer.json").read_text())
+    reports = result["textserve"]
     closed, (open_loop,) = reports[:2], reports[2:]
     assert [r["concurrency"] for r in closed] == [1, 2]
     # The open-loop level runs Poisson arrivals at half the sweep's best throughput.
@@ -52,7 +53,14 @@ def test_perf_analyzer_reports_every_concurrency_level(
     assert open_loop["request_rate"] == pytest.approx(peak / 2, abs=0.1)
     ratio = open_loop["p99_ms"] / closed[0]["p50_ms"]
     out = capsys.readouterr().out
-    assert "(Poisson) / p50 at concurrency 1: " in out and f"= {ratio:.1f}x" in out
+    assert "textserve: p99 at " in out and f"= {ratio:.1f}x" in out
+    # --floor: the model-less echo server at one caller and the same Poisson rate
+    echo_one, echo_rate = result["echo"]
+    assert echo_one["concurrency"] == 1
+    assert echo_rate["request_rate"] == open_loop["request_rate"]
+    assert echo_rate["throughput"] > 0 and 0 < echo_one["p50_ms"] <= echo_one["p99_ms"]
+    floor = echo_rate["p99_ms"] / echo_one["p50_ms"]
+    assert "echo: p99 at " in out and f"= {floor:.1f}x" in out
     for report in reports:
         assert report["throughput"] > 0
         assert 0 < report["p50_ms"] <= report["p90_ms"] <= report["p95_ms"] <= report["p99_ms"]
@@ -61,10 +69,13 @@ def test_perf_analyzer_reports_every_concurrency_level(
     sent = json.loads((tmp_path / "perf_analyzer_input.json").read_text())["data"]
     assert len(sent) == 50 and all(d["TEXT"]["shape"] == [1] for d in sent)
     # The folder holds this run's levels only.
-    assert sorted(p.name for p in tmp_path.glob("perf_analyzer_[cr]*.csv")) == [
+    rate = f"r{open_loop['request_rate']:g}"
+    assert sorted(p.name for p in tmp_path.glob("perf_analyzer_*.csv")) == [
         "perf_analyzer_c1.csv",
         "perf_analyzer_c2.csv",
-        f"perf_analyzer_r{open_loop['request_rate']:g}.csv",
+        "perf_analyzer_echo_c1.csv",
+        f"perf_analyzer_echo_{rate}.csv",
+        f"perf_analyzer_{rate}.csv",
     ]
     # The server it started drained and stopped by itself.
     assert "stopped after" in (tmp_path / "perf_analyzer_server.log").read_text()
