@@ -297,8 +297,7 @@ class ModelRepository:
             record = self.models.setdefault(name, ModelRecord(name))
             for version, path in versions.items():
                 entry = record.versions.setdefault(version, VersionRecord(version, path))
-                entry.on_disk = True
-                now = files.get(path)
+                now = files.get(path)  # (on_disk is set for every listed model below)
                 if now is None or now == entry.loaded_files:
                     continue
                 if entry.state is State.FAILED:
@@ -359,6 +358,16 @@ class ModelRepository:
             self._load(record, entry), name=f"load-{record.name}:{entry.version}"
         )
         self._loads[record.name] = (entry.version, task)
+
+        def ended(done: asyncio.Task[bool]) -> None:
+            # Cancelled before its first step (the reconcile waiting for it was cancelled in the
+            # step that started it): _load never ran, nor its cleanup. Left in _loads, the model
+            # would stay LOADING and every later wait for it raise CancelledError.
+            if self._loads.get(record.name, (None, None))[1] is done:
+                del self._loads[record.name]
+                entry.state = State.AVAILABLE
+
+        task.add_done_callback(ended)
         return task
 
     async def _load(self, record: ModelRecord, entry: VersionRecord) -> bool:
