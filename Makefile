@@ -72,7 +72,7 @@ bench: venv
 	  --concurrency 128,512 --multi-texts-per-request 0 --batching-off-concurrency 0 \
 	  --workers off --no-torch --output bench/results/stream
 	$(PY) -m textserve.bench.perf_analyzer --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
-	  --concurrency 1,4,16,64,128 --request-rates half-peak
+	  --concurrency 1,4,16,64,128 --request-rates half-peak --floor
 	$(PY) -m textserve.export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \
 	  --json bench/results/export_bench.json
 
