@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "workers",
         "auto",
         "server processes sharing the port (SO_REUSEPORT), each with its share of the CPUs; "
-        "auto: one per two usable CPUs (at least 1) up to 8 on CPU, up to 4 with CUDA, as many "
+        "auto: one per usable CPU up to 8 on CPU, up to 4 with CUDA, as many "
         "as the memory holds; 1: a single process, no supervisor",
     )
     flag(

@@ -57,7 +57,7 @@ BACKOFF_MAX = 10.0
 # the session, the optimized graph, the arena).
 WORKER_BASE_BYTES = 200 * 2**20
 MODEL_BYTES_FACTOR = 3
-AUTO_CPUS_PER_WORKER = 2  # auto on CPU: one worker per two usable CPUs (measured, see below)
+AUTO_CPUS_PER_WORKER = 1  # auto on CPU: one worker per usable CPU (measured, see below)
 AUTO_MAX_WORKERS = 8  # ... up to this many
 AUTO_MAX_GPU_WORKERS = 4  # auto with CUDA: workers sharing one device
 
@@ -131,12 +131,13 @@ def resolve_workers(value: str, config: ServerConfig) -> int:
 
     auto: on CPU one worker per AUTO_CPUS_PER_WORKER usable CPUs (affinity and container
     quota), at least 1 and at most AUTO_MAX_WORKERS. One process is held to about 1.2 cores by
-    its one event loop and GIL (gRPC, tokenizer hand-off, batching), so a worker needs a bit
-    more than one core of its own: measured on 2 cores (AMD EPYC, the default model, 128
-    callers, the load generator on the same machine, `textserve bench --workers 1,2`), two
-    workers gave 0.99x the throughput of one with p99 66 -> 87 ms, the machine 97 % busy and
-    server CPU per text 0.41 -> 0.54 ms (each worker's batches half as full). So 2 CPUs get 1
-    worker, 4 get 2, 16 get 8; each worker gets CPUs / N onnxruntime threads. With
+    its one event loop and GIL (gRPC, tokenizer hand-off, batching). Measured on 2 cores (AMD
+    EPYC, the default model, 128 callers, NVIDIA's C++ perf_analyzer as the load generator on
+    the same machine, 3 interleaved rounds): two workers gave 1.32-1.38x the throughput of one
+    with a lower p99 in every round. (With the Python load generator of `textserve bench` on
+    the same two cores it was 0.99x: that generator takes most of a core itself, so the second
+    worker has nothing left to run on; a server's clients are normally elsewhere.) So 2 CPUs
+    get 2 workers, 16 get 8; each worker gets CPUs / N onnxruntime threads. With
     CUDA at most AUTO_MAX_GPU_WORKERS (each worker holds a CUDA context and a copy of the
     weights on the one device; a few keep it fed while others tokenize). Never more than the
     memory holds (worker_memory)."""

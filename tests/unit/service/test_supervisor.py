@@ -43,9 +43,9 @@ def test_worker_memory_counts_the_newest_version_of_each_model(config: ServerCon
 
 
 @pytest.mark.parametrize(
-    ("cpus", "expected"), [(1, 1), (2, 1), (3, 1), (4, 2), (6, 3), (16, 8), (64, 8)]
+    ("cpus", "expected"), [(1, 1), (2, 2), (3, 3), (4, 4), (8, 8), (16, 8), (64, 8)]
 )
-def test_auto_is_one_worker_per_two_cpus_up_to_8(
+def test_auto_is_one_worker_per_cpu_up_to_8(
     monkeypatch: pytest.MonkeyPatch, config: ServerConfig, cpus: int, expected: int
 ) -> None:
     machine(monkeypatch, cpus, 2**40)
