@@ -128,7 +128,7 @@ def test_the_train_image_has_the_cpu_torch_and_the_training_commands(
 
 def test_it_runs_as_uid_10001_on_a_read_only_root(podman: Podman, served: tuple[str, str]) -> None:
     name, _ = served
-    # Every process of the container (the server; with --workers auto on more than 3 CPUs the
+    # Every process of the container (the server; with --workers auto on more than 1 CPU the
     # supervisor and its workers): `user` is read by podman from /proc, the name as the image's
     # /etc/passwd has it (uid 10001: textserve).
     users = podman("top", name, "pid", "user").stdout.split()[2:]
