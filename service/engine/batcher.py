@@ -279,7 +279,7 @@ class Batcher(Generic[P]):
                 logger.warning(
                     "%s: %d queued texts left after the grace period", self.name, self._count
                 )
-        self._stopping = True
+        self._stopping = True  # before the workers are cancelled: no chain takes a batch after
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -559,7 +559,9 @@ class Batcher(Generic[P]):
         try:
             last = await loop.run_in_executor(self._executor, self._chain, loop, running)
         except asyncio.CancelledError:
-            self._stopping = True
+            # by close(), which set _stopping first, so the chain takes no further batch. (A
+            # loop shut down without close() lets a chain run what is queued before the thread
+            # ends; textserve always closes its batchers: retire, unload, server shutdown.)
             with self._lock:
                 current = running[0]
             self._fail(current, NotReadyError(f"model {self.name!r} stopped during inference"))

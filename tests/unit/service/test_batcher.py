@@ -935,3 +935,269 @@ def test_submit_nowait_calls_back_with_each_result_error_or_cancellation() -> No
         assert "big" not in answers
 
     run(body, max_queue_size=8)
+
+
+# -- behaviour the batcher's surviving mutants changed -------------------------------------
+
+
+def test_an_item_dropped_from_a_bucket_does_not_hold_back_the_items_behind_it() -> None:
+    clock = FakeClock()
+    model = FakeModel()
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(), name="fake", clock=clock)
+        batcher.start()
+        for drop in ("cancelled", "expired"):
+            model.batches.clear()
+            batcher.pause()
+            deadline = clock.now + 1 if drop == "expired" else None
+            # the oldest item (dropped) heads the bucket of 1..8 tokens, 2 is behind it and 3
+            # is in the bucket of 9..16
+            gone = asyncio.create_task(batcher.submit([1], [3], deadline=deadline))
+            await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+            rest = asyncio.create_task(batcher.submit([2, 3], [3, 12]))
+            await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+            if drop == "cancelled":
+                gone.cancel()
+            else:
+                clock.now += 1
+            batcher.resume()
+            assert (await rest).outputs[:, 0].tolist() == [2, 3]
+            assert model.batches == [[2, 3]], drop  # one batch: 2 was not left for another
+            with pytest.raises(
+                asyncio.CancelledError if drop == "cancelled" else DeadlineExceededError
+            ):
+                await gone
+        stats = batcher.snapshot()
+        assert (stats.dropped_cancelled, stats.dropped_deadline) == (1, 1)
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_the_padding_cap_holds_to_the_last_token() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        # 10 and 9 (min_fill reached), then 16: 35 real tokens of 48 is just over 25% padding
+        task = asyncio.create_task(batcher.submit([10, 9, 16], [10, 9, 16]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 3)
+        batcher.resume()
+        await task
+        assert model.batches == [[10, 9], [16]]
+
+    run(body, max_padding_ratio=0.25, min_fill=2)
+
+
+def test_the_oldest_item_anchors_the_batch_whichever_bucket_came_first() -> None:
+    async def body(batcher: Batcher[int], model: FakeModel) -> None:
+        batcher.pause()
+        # the bucket of 17..24 tokens is made first and still holds 3 after 1 has run; 2, in
+        # the bucket made after it, is older than 3
+        tasks = []
+        for depth, (payload, length) in enumerate(((1, 20), (2, 3), (3, 20)), 1):
+            tasks.append(asyncio.create_task(batcher.submit([payload], [length])))
+            await wait_until(lambda depth=depth: batcher.snapshot().queue_depth == depth)
+        batcher.resume()
+        await asyncio.gather(*tasks)
+        assert model.batches == [[1], [2], [3]]
+
+    run(body, max_batch_size=1)
+
+
+def test_close_leaves_no_queued_item_to_a_chain_nobody_will_answer() -> None:
+    """A batch that finishes while close() stops the workers takes no further batch: what is
+    still queued is failed by close(), not run by a thread whose results nobody delivers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gate = threading.Event()
+    model = FakeModel(gate)
+    pool = ThreadPoolExecutor(1)
+    answers: list[BaseException | None] = []
+
+    def stopped(result: Any, exc: BaseException | None) -> None:
+        # on the loop while close() cancels the workers: batch 1 finishes now, and the loop
+        # waits here until the inference thread is done with it (the pool's one thread)
+        answers.append(exc)
+        gate.set()
+        pool.submit(lambda: None).result(timeout=5)
+
+    async def main() -> None:
+        config = BatcherConfig(max_batch_size=1)
+        batcher: Batcher[int] = Batcher(model, config, executor=pool, name="fake")
+        batcher.start()
+        batcher.submit_nowait([1], [1], stopped)
+        await wait_until(lambda: batcher.snapshot().queue_depth == 0)  # 1 runs
+        queued = asyncio.create_task(batcher.submit([2], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        await batcher.close()
+        assert model.batches == [[1]]
+        assert isinstance(answers[0], NotReadyError) and "during inference" in str(answers[0])
+        with pytest.raises(NotReadyError, match="shut down before this request ran"):
+            await queued
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+        pool.shutdown()
+
+
+def test_close_during_a_chained_batch_fails_that_batch_and_answered_the_one_before() -> None:
+    gates = {1: threading.Event(), 2: threading.Event()}
+    entered: list[int] = []
+
+    def model(payloads: list[int]) -> np.ndarray:
+        entered.append(payloads[0])
+        gates[payloads[0]].wait(5)
+        return np.asarray(payloads, dtype=np.float32).reshape(-1, 1)
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(max_batch_size=1), name="fake")
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([1], [1]))
+        await wait_until(lambda: entered == [1])
+        second = asyncio.create_task(batcher.submit([2], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        gates[1].set()
+        await wait_until(lambda: entered == [1, 2])  # the thread went on to batch 2 itself
+        assert (await first).outputs[:, 0].tolist() == [1]
+        await batcher.close()
+        with pytest.raises(NotReadyError, match="stopped during inference"):
+            await second
+
+    try:
+        asyncio.run(main())
+    finally:
+        gates[2].set()
+
+
+def test_a_failed_batch_reports_its_own_error_when_the_thread_goes_on_to_the_next(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = threading.Event()
+    calls: list[list[int]] = []
+
+    def model(payloads: list[int]) -> np.ndarray:
+        calls.append(payloads)
+        if len(calls) == 1:
+            gate.wait(5)
+            raise ValueError("boom")
+        return np.ones((len(payloads), 1))
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(max_batch_size=1), name="fake")
+        batcher.start()
+        failing = asyncio.create_task(batcher.submit([1], [1]))
+        await wait_until(lambda: calls == [[1]])
+        queued = asyncio.create_task(batcher.submit([2], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        gate.set()  # batch 1 fails while 2 is due: the thread posts the failure and runs 2
+        with pytest.raises(InternalError) as info:
+            await failing
+        assert str(info.value) == "inference failed (ValueError)"
+        assert (await queued).outputs.shape == (1, 1)
+        assert calls == [[1], [2]]
+        await batcher.close()
+
+    asyncio.run(main())
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.exc_info is not None and str(record.exc_info[1]) == "boom"
+
+
+def test_a_run_batch_that_returns_nothing_fails_its_batch_and_the_batcher_goes_on() -> None:
+    def model(payloads: list[int]) -> np.ndarray | None:
+        return None if payloads == [1] else np.ones((len(payloads), 1))
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(model, BatcherConfig(), name="fake")  # type: ignore[arg-type]
+        batcher.start()
+        with pytest.raises(InternalError, match="inference failed"):
+            await asyncio.wait_for(batcher.submit([1], [1]), 5)
+        assert (await asyncio.wait_for(batcher.submit([2], [1]), 5)).outputs.shape == (1, 1)
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_close_with_a_grace_waits_for_the_batch_of_every_worker() -> None:
+    gates = {1: threading.Event(), 2: threading.Event()}
+    entered: list[int] = []
+
+    def model(payloads: list[int]) -> np.ndarray:
+        entered.append(payloads[0])
+        gates[payloads[0]].wait(5)
+        return np.asarray(payloads, dtype=np.float32).reshape(-1, 1)
+
+    async def main() -> None:
+        config = BatcherConfig(max_batch_size=1)
+        batcher: Batcher[int] = Batcher(model, config, workers=2, name="fake")
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([1], [1]))
+        second = asyncio.create_task(batcher.submit([2], [1]))
+        await wait_until(lambda: sorted(entered) == [1, 2])  # a batch on each worker
+        closing = asyncio.create_task(batcher.close(30))
+        gates[1].set()
+        assert (await first).outputs[:, 0].tolist() == [1]
+        for _ in range(20):  # the loop turns: close() must go on waiting for batch 2
+            await asyncio.sleep(0)
+        assert not closing.done()
+        gates[2].set()
+        assert (await second).outputs[:, 0].tolist() == [2]
+        await closing
+
+    try:
+        asyncio.run(main())
+    finally:
+        for gate in gates.values():
+            gate.set()
+
+
+def test_resume_does_not_cut_a_batch_delay_short() -> None:
+    model = FakeModel()
+
+    async def main() -> None:
+        config = BatcherConfig(max_queue_delay=10.0, max_batch_size=3)
+        batcher: Batcher[int] = Batcher(model, config, name="fake")
+        batcher.start()
+        batcher.pause()
+        first = asyncio.create_task(batcher.submit([1], [1]))
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        for _ in range(10):  # the loop turns: the worker sees the item and waits for resume()
+            await asyncio.sleep(0)
+        batcher.resume()
+        for _ in range(10):  # ... then for the batch to fill or its delay to pass
+            await asyncio.sleep(0)
+        assert batcher.snapshot().queue_depth == 1
+        await batcher.submit([2, 3], [1, 1])  # fills the batch
+        await first
+        assert model.batches == [[1, 2, 3]]
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_the_inference_thread_takes_no_batch_before_its_delay() -> None:
+    clock = FakeClock()  # never moves: no delay passes
+    gate = threading.Event()
+    model = FakeModel(gate)
+
+    async def main() -> None:
+        config = BatcherConfig(max_queue_delay=0.5, max_batch_size=2)
+        batcher: Batcher[int] = Batcher(model, config, name="fake", clock=clock)
+        batcher.start()
+        first = asyncio.create_task(batcher.submit([1, 1], [1, 1]))  # full: it runs at once
+        await wait_until(lambda: batcher.snapshot().queue_depth == 0)
+        second = asyncio.create_task(batcher.submit([2], [1]))  # short of full: it waits
+        await wait_until(lambda: batcher.snapshot().queue_depth == 1)
+        gate.set()
+        await first
+        assert batcher.snapshot().queue_depth == 1  # the thread left it to fill
+        await batcher.submit([3], [1])
+        await second
+        assert model.batches == [[1, 1], [2, 3]]
+        await batcher.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()

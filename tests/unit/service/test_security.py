@@ -523,3 +523,23 @@ def test_the_decode_guard_hands_out_guarded_handlers_with_their_method() -> None
         assert all(c is not None for c in contexts) and len(contexts) == 2
 
     asyncio.run(main())
+
+
+def test_a_plain_function_stream_unary_behaviour_is_guarded_too() -> None:
+    contexts: list[Any] = []
+
+    def sync_stream_unary(requests: Any, context: Any) -> str:  # a plain function, as for unary
+        contexts.append(context)
+        return "ok"
+
+    handler = guard(
+        "/t.S/SU",
+        grpc.stream_unary_rpc_method_handler(sync_stream_unary, pb.ClassifyRequest.FromString),
+    )
+
+    async def requests() -> Any:
+        yield handler.request_deserializer(b"")
+
+    context = FakeContext()
+    assert asyncio.run(handler.stream_unary(requests(), context)) == "ok"
+    assert contexts == [context] and context.aborted is None
