@@ -162,7 +162,14 @@ class _Request:
         "trace",
     )
 
-    def __init__(self, n: int, future: asyncio.Future[None], enqueued: float, seq: int) -> None:
+    def __init__(
+        self,
+        n: int,
+        future: asyncio.Future[None],
+        enqueued: float,
+        seq: int,
+        trace: BatchTrace | None,
+    ) -> None:
         self.n = n
         self.future = future
         self.enqueued = enqueued
@@ -174,7 +181,7 @@ class _Request:
         self.queue_seconds = 0.0
         self.run_seconds = 0.0
         self.last_batch = -1
-        self.trace: BatchTrace | None = None
+        self.trace = trace
 
 
 class _Item(NamedTuple):
@@ -387,8 +394,7 @@ class Batcher(Generic[P]):
         self._check_room(n)
         loop = asyncio.get_running_loop()
         self._seq += 1
-        request = _Request(n, loop.create_future(), now, self._seq)
-        request.trace = trace
+        request = _Request(n, loop.create_future(), now, self._seq, trace)
         buckets = self._buckets
         with self._lock:
             for index in range(n):
