@@ -206,7 +206,8 @@ def _report(
     request. Never raises: observing a request must not change its outcome."""
     result, trace = seen.result, seen.trace
     # A name that reached no model is the caller's text: never megabytes of it in a log line.
-    model = seen.model if seen.version is not None else seen.model[:MAX_NAME_CHARS]
+    # (A model's own name is a folder's, never longer than the cut: it is kept whole.)
+    model = seen.model[:MAX_NAME_CHARS]
     tokens = None if result is None else int(result.num_tokens.sum())
     timings = None if result is None else result.timings
     try:

@@ -35,7 +35,12 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "oip_codec": (["service/servicers/oip_codec.py"], [U + "test_oip_codec.py"]),
     "status": (
         ["service/servicers/status.py"],
-        [U + "test_serving_edges.py", U + "test_request_text.py", U + "test_status_table.py"],
+        [
+            U + "test_serving_edges.py",
+            U + "test_request_text.py",
+            U + "test_status_table.py",
+            U + "test_request_report.py",
+        ],
     ),
     "publish": (
         ["export/publish.py"],
