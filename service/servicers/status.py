@@ -210,8 +210,9 @@ def _report(
     model = seen.model[:MAX_NAME_CHARS]
     tokens = None if result is None else int(result.num_tokens.sum())
     timings = None if result is None else result.timings
-    try:
-        if trace is not None:
+    # Each report on its own: a span that fails to end must not cost the access-log line.
+    if trace is not None:
+        try:
             trace.finish(
                 code,
                 model=model,
@@ -220,8 +221,11 @@ def _report(
                 tokens=tokens,
                 timings=timings,
             )
-        access_log = telemetry.access_log
-        if access_log is not None:
+        except Exception:
+            logger.exception("tracing a %s request failed", method)
+    access_log = telemetry.access_log
+    if access_log is not None:
+        try:
             access_log.write(
                 method=method,
                 peer="" if context is None else context.peer(),
@@ -234,6 +238,6 @@ def _report(
                 seconds=seconds,
                 trace_id=None if trace is None else trace.trace_id,
             )
-    except Exception:
-        logger.exception("observing a %s request failed", method)
+        except Exception:
+            logger.exception("access-logging a %s request failed", method)
     return {"trace_id": trace.trace_id} if trace is not None and trace.sampled else None

@@ -321,12 +321,13 @@ def test_a_cancelled_request_is_reported_with_its_code(
     assert (line["status"], line["texts"], line["tokens"]) == (code, 1, None)
 
 
-def failure_logged(caplog: pytest.LogCaptureFixture, error: type[BaseException]) -> None:
-    """One line says the observation of a Classify request failed, with the traceback."""
+def failure_logged(caplog: pytest.LogCaptureFixture, error: type[BaseException], what: str) -> None:
+    """One line says `what` (tracing, access-logging) of a Classify request failed, with the
+    traceback."""
     (record,) = caplog.records
     assert record.name == "textserve.service.servicers.status"
     assert record.levelno == logging.ERROR
-    assert record.getMessage() == "observing a Classify request failed"
+    assert record.getMessage() == f"{what} a Classify request failed"
     assert record.exc_info is not None and record.exc_info[0] is error
 
 
@@ -335,17 +336,17 @@ def test_a_failing_access_log_is_logged_and_changes_no_outcome(
 ) -> None:
     obs = observer(tracing, fail=True)
     seen = serve(obs, Call())  # answered as if nothing happened
-    failure_logged(caplog, OSError)
+    failure_logged(caplog, OSError, "access-logging")
     assert len(obs.spans()) == 1  # the trace was ended before the line failed
     assert seen.trace is not None
     assert obs.exemplars() == [({"trace_id": seen.trace.trace_id}, obs.seconds("m", "OK"))]
     caplog.clear()
     fail(obs, ValidationError("no texts"), "m", Call())  # its own error, not the log's
-    failure_logged(caplog, OSError)
+    failure_logged(caplog, OSError, "access-logging")
     assert obs.seconds("m", "INVALID_ARGUMENT") is not None
 
 
-def test_a_failing_trace_is_logged_and_changes_no_outcome(
+def test_a_failing_trace_is_logged_and_still_access_logged_and_changes_no_outcome(
     tracing: Tracing, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(self: RequestTrace, code: str, **learnt: Any) -> None:
@@ -354,8 +355,11 @@ def test_a_failing_trace_is_logged_and_changes_no_outcome(
     monkeypatch.setattr(RequestTrace, "finish", broken)
     obs = observer(tracing)
     serve(obs, Call())
-    failure_logged(caplog, RuntimeError)
+    failure_logged(caplog, RuntimeError, "tracing")
     assert obs.seconds("m", "OK") is not None  # counted all the same
+    assert obs.line()["status"] == "OK"  # the access log does not depend on the span
     caplog.clear()
+    obs.lines.clear()
     fail(obs, ModelNotFoundError("no model named x"), "x", Call())
-    failure_logged(caplog, RuntimeError)
+    failure_logged(caplog, RuntimeError, "tracing")
+    assert obs.line()["status"] == "NOT_FOUND"
