@@ -64,6 +64,8 @@ protos: venv
 
 ## bench: the standard benchmark sweep against servers it starts on the default model (a few
 ## minutes); BENCH_ARGS adds `textserve bench` flags, e.g. BENCH_ARGS="--api oip"
+## BENCH_WORKERS: the `--workers` counts perf_analyzer compares in `make bench` (a server each)
+BENCH_WORKERS ?= 1,2
 bench: venv
 	$(PY) -m textserve.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
 	$(PY) -m textserve.cli bench --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
@@ -73,6 +75,8 @@ bench: venv
 	  --workers off --no-torch --output bench/results/stream
 	$(PY) -m textserve.bench.perf_analyzer --repository $(REPOSITORY) --model $(MODEL) --output bench/results \
 	  --concurrency 1,4,16,64,128 --request-rates half-peak --floor
+	$(PY) -m textserve.bench.perf_analyzer --repository $(REPOSITORY) --model $(MODEL) \
+	  --output bench/results/workers --workers $(BENCH_WORKERS) --concurrency 64,128
 	$(PY) -m textserve.export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \
 	  --json bench/results/export_bench.json
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import json
 import os
 import re
@@ -39,7 +40,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 TRITONCLIENT = "tritonclient==2.51.0"
@@ -321,6 +322,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="then drive the model-less echo server at concurrency 1 and the same rates: the "
         "transport's own tail ratio",
     )
+    parser.add_argument(
+        "--workers",
+        default="",
+        help="with --repository: comma-separated `textserve serve --workers` counts, one server "
+        "each in turn, compared with the first at each concurrency level (e.g. 1,2)",
+    )
     parser.add_argument("--batch-size", type=int, default=1, help="texts per request")
     parser.add_argument("--request-count", type=int, default=300, help="requests per window")
     parser.add_argument("--stability", type=int, default=25, help="allowed variation, %%")
@@ -330,6 +337,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tools", type=Path, default=DEFAULT_TOOLS)
     parser.add_argument("--setup-only", action="store_true", help="install perf_analyzer, exit")
     args = parser.parse_args(argv)
+    counts: list[int | None] = [None]
+    if args.workers.strip():
+        if args.repository is None:
+            parser.error("--workers needs --repository: the script starts one server per count")
+        try:
+            numbers = [int(n) for n in args.workers.split(",") if n.strip()]
+        except ValueError:
+            parser.error(f"--workers: expected counts like 1,2, got {args.workers!r}")
+        if not numbers or min(numbers) < 1:
+            parser.error(f"--workers: counts must be at least 1, got {args.workers!r}")
+        counts = list(numbers)
 
     binary = ensure_perf_analyzer(args.tools)
     if args.setup_only:
@@ -341,14 +359,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = load_texts(args.texts or default_texts(), args.num_texts)
     input_data = write_input_data(texts, args.output / "perf_analyzer_input.json")
     if args.repository is None:
-        return sweep(binary, args, args.url, input_data)
-    log = args.output / "perf_analyzer_server.log"
-    with local_server(args.repository, args.model, log, shlex.split(args.server_args)) as url:
-        return sweep(binary, args, url, input_data)
+        return sweep(binary, args, input_data, [(None, lambda: contextlib.nullcontext(args.url))])
+    repository, extra = args.repository, shlex.split(args.server_args)
+
+    def server(count: int | None) -> contextlib.AbstractContextManager[str]:
+        if count is None:
+            log = args.output / "perf_analyzer_server.log"
+            return local_server(repository, args.model, log, extra)
+        log = args.output / f"perf_analyzer_server_w{count}.log"
+        return local_server(repository, args.model, log, [*extra, "--workers", str(count)])
+
+    return sweep(binary, args, input_data, [(n, functools.partial(server, n)) for n in counts])
 
 
-def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) -> int:
-    """perf_analyzer at each concurrency level; the table on stdout, the figures in JSON.
+def sweep(
+    binary: Path,
+    args: argparse.Namespace,
+    input_data: Path,
+    servers: Sequence[tuple[int | None, Callable[[], contextlib.AbstractContextManager[str]]]],
+) -> int:
+    """perf_analyzer at each level against each server in turn (started one at a time: a
+    `--workers N` count, or None for the one server); the tables on stdout, the figures in
+    JSON. With several worker counts, a line per closed-loop level compares each count's
+    throughput and p99 with the first's.
 
     With --floor, the model-less echo server (textserve.bench.echo) is then driven at
     concurrency 1 and at the same Poisson rates: its tail ratio is what the transport and this
@@ -357,16 +390,31 @@ def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) ->
         ("concurrency", int(c)) for c in args.concurrency.split(",") if c.strip()
     ]
     levels += [("request_rate", r) for r in _rates(args.request_rates)]
-    reports = run_levels(binary, args, url, input_data, levels)
-    if isinstance(reports, int):
-        return reports
-    result: dict[str, object] = {"textserve": reports}
-    print(format_table(reports))
-    print_ratio("textserve", tail_ratio(reports))
+    per_count: dict[int, list[dict[str, float]]] = {}
+    first: list[dict[str, float]] | None = None
+    for count, start in servers:
+        prefix = "" if count is None else f"w{count}_"
+        with start() as url:
+            reports = run_levels(binary, args, url, input_data, levels, prefix)
+        if isinstance(reports, int):
+            return reports
+        first = reports if first is None else first
+        name = "textserve" if count is None else f"textserve --workers {count}"
+        if count is not None:
+            per_count[count] = reports
+            print(f"{name}:")
+        print(format_table(reports))
+        print_ratio(name, tail_ratio(reports))
+    assert first is not None
+    result: dict[str, object] = {"textserve": first}
+    if per_count:
+        result["workers"] = {str(n): reports for n, reports in per_count.items()}
+        for line in workers_comparison(per_count):
+            print(line)
     if args.floor:
         from textserve.bench.process import echo_command, start_process
 
-        rates = [("request_rate", r["request_rate"]) for r in reports if "request_rate" in r]
+        rates = [("request_rate", r["request_rate"]) for r in first if "request_rate" in r]
         echo_levels: list[tuple[str, float | None]] = [("concurrency", 1), *rates]
         with start_process(echo_command()) as echo:
             floor = run_levels(binary, args, echo.address, input_data, echo_levels, "echo_")
@@ -380,6 +428,33 @@ def sweep(binary: Path, args: argparse.Namespace, url: str, input_data: Path) ->
     summary.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {summary}")
     return 0
+
+
+def workers_comparison(per_count: dict[int, list[dict[str, float]]]) -> list[str]:
+    """For each closed-loop level every count measured: each count's throughput and p99
+    against the first count's (the ratio the scale-up target is about)."""
+    counts = list(per_count)
+    base = counts[0]
+    lines = []
+    for level in (r["concurrency"] for r in per_count[base] if "concurrency" in r):
+        rows = {
+            n: next((r for r in per_count[n] if r.get("concurrency") == level), None)
+            for n in counts
+        }
+        one = rows[base]
+        if one is None or one["throughput"] <= 0:
+            continue
+        for n in counts[1:]:
+            other = rows[n]
+            if other is None:
+                continue
+            lines.append(
+                f"c={level:.0f}: --workers {n} / --workers {base} = "
+                f"{other['throughput']:,.0f} / {one['throughput']:,.0f} texts/s = "
+                f"{other['throughput'] / one['throughput']:.2f}x; "
+                f"p99 {other['p99_ms']:.1f} vs {one['p99_ms']:.1f} ms"
+            )
+    return lines
 
 
 def print_ratio(server: str, ratio: dict[str, float] | None) -> None:

@@ -79,3 +79,40 @@ def test_perf_analyzer_reports_every_concurrency_level(
     ]
     # The server it started drained and stopped by itself.
     assert "stopped after" in (tmp_path / "perf_analyzer_server.log").read_text()
+
+
+def test_perf_analyzer_compares_worker_counts_one_server_each(
+    perf_analyzer: Path,
+    tiny_repository: Path,
+    tiny_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--workers 1,2`: a server per count in turn, the same levels against each, and a line
+    comparing each count with the first (the scale-up benchmark with a C++ load generator)."""
+    status = main(
+        [
+            *("--repository", str(tiny_repository), "--model", "tiny"),
+            *("--server-args", "--intra-op-threads 1", "--workers", "1,2"),
+            *("--texts", str(tiny_run / "test.jsonl"), "--num-texts", "50"),
+            *("--concurrency", "4", "--request-count", "40", "--stability", "100"),
+            *("--output", str(tmp_path), "--tools", str(TOOLS), "--level-timeout", "120"),
+        ]
+    )
+    assert status == 0, (tmp_path / "perf_analyzer_server_w2.log").read_text()
+    result = json.loads((tmp_path / "perf_analyzer.json").read_text())
+    one, two = result["workers"]["1"], result["workers"]["2"]
+    assert result["textserve"] == one
+    assert [r["concurrency"] for r in one] == [r["concurrency"] for r in two] == [4]
+    ratio = two[0]["throughput"] / one[0]["throughput"]
+    out = capsys.readouterr().out
+    assert "c=4: --workers 2 / --workers 1 = " in out and f"= {ratio:.2f}x; p99 " in out
+    # each count had a server of its own, with that many workers, stopped at the end
+    log_one = (tmp_path / "perf_analyzer_server_w1.log").read_text()
+    log_two = (tmp_path / "perf_analyzer_server_w2.log").read_text()
+    assert "2 workers serving" in log_two and "workers serving" not in log_one
+    assert "stopped after" in log_one and log_two.count("stopped after") == 2  # each worker
+    assert sorted(p.name for p in tmp_path.glob("perf_analyzer_*.csv")) == [
+        "perf_analyzer_w1_c4.csv",
+        "perf_analyzer_w2_c4.csv",
+    ]

@@ -10,9 +10,11 @@ import pytest
 from textserve.bench.perf_analyzer import (
     format_table,
     load_texts,
+    main,
     parse_report,
     perf_analyzer_command,
     tail_ratio,
+    workers_comparison,
     write_input_data,
 )
 
@@ -121,3 +123,37 @@ def test_a_request_rate_runs_poisson_arrivals_and_is_compared_with_one_caller(
         "ratio": pytest.approx(32.637 / 2.5),
     }  # fmt: skip
     assert tail_ratio([rate]) is None  # no one-caller level to compare with
+
+
+def test_worker_counts_are_compared_with_the_first_at_each_closed_loop_level() -> None:
+    def level(concurrency: int, throughput: float, p99: float) -> dict[str, float]:
+        return {"concurrency": concurrency, "throughput": throughput, "p99_ms": p99}
+
+    rate = {"request_rate": 600.0, "throughput": 590.0, "p99_ms": 4.0}
+    per_count = {
+        1: [level(1, 1000, 1.2), level(128, 2500, 84.4), rate],
+        2: [level(1, 990, 1.3), level(128, 3300, 78.2), rate],
+        4: [level(128, 3000, 90.0)],  # measured at 128 only
+    }
+    assert workers_comparison(per_count) == [
+        "c=1: --workers 2 / --workers 1 = 990 / 1,000 texts/s = 0.99x; p99 1.3 vs 1.2 ms",
+        "c=128: --workers 2 / --workers 1 = 3,300 / 2,500 texts/s = 1.32x; p99 78.2 vs 84.4 ms",
+        "c=128: --workers 4 / --workers 1 = 3,000 / 2,500 texts/s = 1.20x; p99 90.0 vs 84.4 ms",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "1,2"], "--workers needs --repository"),
+        (["--workers", "0,2", "--repository", "models"], "counts must be at least 1"),
+        (["--workers", "one", "--repository", "models"], "expected counts like 1,2"),
+    ],
+)
+def test_bad_worker_counts_are_one_line_and_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
