@@ -133,10 +133,11 @@ def resolve_workers(value: str, config: ServerConfig) -> int:
     quota), at least 1 and at most AUTO_MAX_WORKERS. One process is held to about 1.2 cores by
     its one event loop and GIL (gRPC, tokenizer hand-off, batching). Measured on 2 cores (AMD
     EPYC, the default model, 128 callers, NVIDIA's C++ perf_analyzer as the load generator on
-    the same machine, 3 interleaved rounds): two workers gave 1.32-1.38x the throughput of one
-    with a lower p99 in every round. (With the Python load generator of `textserve bench` on
-    the same two cores it was 0.99x: that generator takes most of a core itself, so the second
-    worker has nothing left to run on; a server's clients are normally elsewhere.) So 2 CPUs
+    the same machine, 6 runs): two workers gave a median 1.33x the throughput of one
+    (1.07-1.54x), with a p99 not higher in 4 of the 6. (With the Python load generator of
+    `textserve bench` on the same two cores it was 0.99x: that generator takes most of a core
+    itself, so the second worker has nothing left to run on; a server's clients are normally
+    elsewhere.) So 2 CPUs
     get 2 workers, 16 get 8; each worker gets CPUs / N onnxruntime threads. With
     CUDA at most AUTO_MAX_GPU_WORKERS (each worker holds a CUDA context and a copy of the
     weights on the one device; a few keep it fed while others tokenize). Never more than the
