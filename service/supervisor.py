@@ -137,11 +137,10 @@ def resolve_workers(value: str, config: ServerConfig) -> int:
     (1.07-1.54x), with a p99 not higher in 4 of the 6. (With the Python load generator of
     `textserve bench` on the same two cores it was 0.99x: that generator takes most of a core
     itself, so the second worker has nothing left to run on; a server's clients are normally
-    elsewhere.) So 2 CPUs
-    get 2 workers, 16 get 8; each worker gets CPUs / N onnxruntime threads. With
-    CUDA at most AUTO_MAX_GPU_WORKERS (each worker holds a CUDA context and a copy of the
-    weights on the one device; a few keep it fed while others tokenize). Never more than the
-    memory holds (worker_memory)."""
+    elsewhere.) So 2 CPUs get 2 workers, 16 get 8; each worker gets CPUs / N onnxruntime
+    threads. With CUDA at most AUTO_MAX_GPU_WORKERS (each worker holds a CUDA context and a
+    copy of the weights on the one device; a few keep it fed while others tokenize). Never
+    more than the memory holds (worker_memory)."""
     text = value.strip().lower()
     per_worker = worker_memory(config.repository)
     memory = available_memory()
