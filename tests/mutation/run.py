@@ -92,27 +92,37 @@ def stage(group: str, work: Path | None = None) -> Path:
     return work
 
 
+MUTMUT = [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]
+ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _mutate(work: Path, log: Path, args: list[str]) -> None:
+    """`mutmut run ARGS` in the staged folder `work`, its output in `log`."""
+    with log.open("w") as out:
+        cmd = [*MUTMUT, "run", *args]
+        subprocess.run(cmd, cwd=work, env=ENV, stdout=out, stderr=subprocess.STDOUT, check=False)
+
+
+def _statuses(work: Path) -> dict[str, str]:
+    """mutant name -> status (killed, survived, timeout, ...) of the runs made in `work`."""
+    listing = subprocess.run(
+        [*MUTMUT, "results", "--all", "true"], cwd=work, env=ENV, capture_output=True, text=True
+    ).stdout
+    return dict(re.findall(r"^\s+(\S+): (.+)$", listing, flags=re.M))
+
+
 def run(group: str, children: int, *, execute: bool = True) -> dict[str, Any]:
     """Mutate one group (execute=False: only collect a finished run's results); its statuses
     and survivors' diffs, also kept in <group>.json."""
-    mutmut = [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     work = OUT / group
     if execute:
         stage(group)
-        with (OUT / f"{group}.log").open("w") as out:
-            cmd = [*mutmut, "run", "--max-children", str(children)]
-            subprocess.run(
-                cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, check=False
-            )
-    listing = subprocess.run(
-        [*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
-    ).stdout
-    statuses = dict(re.findall(r"^\s+(\S+): (.+)$", listing, flags=re.M))
+        _mutate(work, OUT / f"{group}.log", ["--max-children", str(children)])
+    statuses = _statuses(work)
     left = [n for n, status in statuses.items() if status not in DETECTED]
     # (nearly) every mutant left: the run itself failed (its log says why), no diffs for them
     failed_run = len(left) > 0.9 * len(statuses)
-    diffs = {} if failed_run else _diffs(work, env, left)
+    diffs = {} if failed_run else _diffs(work, left)
     result = {"statuses": statuses, "diffs": diffs}
     (OUT / f"{group}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     return result
@@ -126,13 +136,13 @@ print(json.dumps({n: get_diff_for_mutant(n, path=find_mutant(n).path) for n in n
 """
 
 
-def _diffs(work: Path, env: dict[str, str], names: list[str]) -> dict[str, str]:
+def _diffs(work: Path, names: list[str]) -> dict[str, str]:
     """`mutmut show` of each mutant, in one process (a process each takes minutes)."""
     if not names:
         return {}
     done = subprocess.run(
         [sys.executable, "-c", _DIFFS],
-        cwd=work, env=env, input=json.dumps(names), capture_output=True, text=True, check=True,
+        cwd=work, env=ENV, input=json.dumps(names), capture_output=True, text=True, check=True,
     )  # fmt: skip
     return {name: diff.strip() for name, diff in json.loads(done.stdout).items()}
 
@@ -145,16 +155,9 @@ def rerun(group: str, patterns: list[str], children: int, workdir: str) -> int:
     """Stage the group afresh in build/mutation/<workdir>/ and run only the mutants matching
     the patterns (mutmut's fnmatch names, e.g. '*core.xǁModelRepositoryǁ_drain__mutmut_*');
     print each one's status. The group's full results and the report are left as they were."""
-    mutmut = [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     work = stage(group, OUT / workdir)
-    with (OUT / f"{workdir}.log").open("w") as out:
-        cmd = [*mutmut, "run", "--max-children", str(children), *patterns]
-        subprocess.run(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
-    listing = subprocess.run(
-        [*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
-    ).stdout
-    statuses = dict(re.findall(r"^\s+(\S+): (.+)$", listing, flags=re.M))
+    _mutate(work, OUT / f"{workdir}.log", ["--max-children", str(children), *patterns])
+    statuses = _statuses(work)
     chosen = {n: st for n, st in statuses.items() if any(fnmatch(n, p) for p in patterns)}
     for name, status in sorted(chosen.items()):
         print(f"{status:12} {name}")
