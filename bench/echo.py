@@ -109,11 +109,7 @@ def _handlers() -> list[grpc.GenericRpcHandler]:
         grpc.method_handlers_generic_handler(
             "textserve.v1.Classifier",
             {
-                "Classify": grpc.unary_unary_rpc_method_handler(
-                    classify,
-                    request_deserializer=pb.ClassifyRequest.FromString,
-                    response_serializer=pb.ClassifyResponse.SerializeToString,
-                ),
+                "Classify": unary(classify, pb.ClassifyRequest, pb.ClassifyResponse),
                 "ClassifyStream": grpc.stream_stream_rpc_method_handler(
                     classify_stream,
                     request_deserializer=pb.ClassifyRequest.FromString,
