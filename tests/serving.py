@@ -264,15 +264,33 @@ def serve_subprocess(
         reader.join(timeout=5)
 
 
+def repository_config(root: Path, **overrides: Any) -> ServerConfig:
+    """The serving configuration the repository tests use: one onnxruntime thread, and no
+    watching (the tests reconcile by hand) unless told."""
+    overrides.setdefault("runtime", RuntimeConfig(device="cpu", intra_op_threads=1))
+    overrides.setdefault("poll_interval", 0)
+    return ServerConfig(repository=root, metrics_port=None, **overrides)
+
+
 def run_repository(
     root: Path, body: Callable[[ModelRepository], Awaitable[Any]], **overrides: Any
 ) -> Metrics:
     """A real ModelRepository over `root` (loaded, not watching unless told: the tests reconcile
     by hand), `body(repository)` run on its event loop, then closed; its metrics."""
-    overrides.setdefault("runtime", RuntimeConfig(device="cpu", intra_op_threads=1))
-    overrides.setdefault("poll_interval", 0)  # the tests reconcile by hand unless they watch
-    config = ServerConfig(repository=root, metrics_port=None, **overrides)
     metrics = Metrics(CollectorRegistry())
+    run_repository_with(metrics, root, body, **overrides)
+    return metrics
+
+
+def run_repository_with(
+    metrics: Metrics | None,
+    root: Path,
+    body: Callable[[ModelRepository], Awaitable[Any]],
+    **overrides: Any,
+) -> None:
+    """run_repository with these metrics (None: a repository built without any, as the
+    repository's own default)."""
+    config = repository_config(root, **overrides)
 
     async def main() -> None:
         repository = ModelRepository(config, metrics)
@@ -283,4 +301,3 @@ def run_repository(
             await repository.close()
 
     asyncio.run(main())
-    return metrics

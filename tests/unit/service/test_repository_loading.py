@@ -25,9 +25,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.handmade import make_version
+from tests.serving import repository_config
 from tests.serving import run_repository as run
 from tests.unit.service.test_reload import break_checksum, failures
-from textserve.service.config import RuntimeConfig, ServerConfig
+from textserve.service.config import RuntimeConfig
 from textserve.service.engine.runtime import DeviceUnavailableError
 from textserve.service.errors import LoadFailedError, NotReadyError
 from textserve.service.metrics import Metrics
@@ -158,8 +159,7 @@ def test_a_missing_device_at_startup_is_a_configuration_error_not_the_versions(
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("CUDA is available here")
     make_version(tmp_path, "m", 1)
-    runtime = RuntimeConfig(device="cuda", intra_op_threads=1)
-    config = ServerConfig(repository=tmp_path, metrics_port=None, runtime=runtime)
+    config = repository_config(tmp_path, runtime=RuntimeConfig(device="cuda", intra_op_threads=1))
     metrics = Metrics(CollectorRegistry())
     repository = ModelRepository(config, metrics)
 
@@ -372,9 +372,9 @@ def test_get_names_the_state_and_reason_of_a_version_that_does_not_serve(tmp_pat
     make_version(tmp_path, "m", 1)
     make_version(tmp_path, "m", 2)
     break_checksum(make_version(tmp_path, "m", 3))
-    config = ServerConfig(repository=tmp_path, metrics_port=None)
+    # startup's loads not done: retryable, not NOT_FOUND
     with pytest.raises(NotReadyError) as raised:
-        ModelRepository(config).get()  # startup's loads not done: retryable, not NOT_FOUND
+        ModelRepository(repository_config(tmp_path)).get()
     assert str(raised.value) == "the server is starting: its models are loading; retry shortly"
 
     async def body(repository: ModelRepository) -> None:

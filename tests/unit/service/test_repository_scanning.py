@@ -17,43 +17,23 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.handmade import make_version
+from tests.serving import repository_config, run_repository_with
 from tests.serving import run_repository as run
 from tests.unit.service.test_reload import break_checksum, drained
 from tests.unit.service.test_repository import nothing
 from textserve.artifact import MODEL_FILE
-from textserve.service.config import RuntimeConfig, ServerConfig
 from textserve.service.errors import ModelNotFoundError, NotReadyError
 from textserve.service.repository import core
 from textserve.service.repository.core import LoadError, ModelRepository, ReloadEvent
 
 LOGGER = "textserve.service.repository.core"
 CPU = "CPUExecutionProvider"
-
-
-def config(root: Path) -> ServerConfig:
-    runtime = RuntimeConfig(device="cpu", intra_op_threads=1)
-    return ServerConfig(repository=root, metrics_port=None, poll_interval=0, runtime=runtime)
-
-
-def run_without_metrics(root: Path, body: Callable[[ModelRepository], Awaitable[Any]]) -> None:
-    """Like tests.serving.run_repository, for a repository built without Metrics."""
-
-    async def main() -> None:
-        repository = ModelRepository(config(root))
-        try:
-            await repository.load_all()
-            await body(repository)
-        finally:
-            await repository.close()
-
-    asyncio.run(main())
 
 
 def startup_error(root: Path, **overrides: Any) -> str:
@@ -173,7 +153,7 @@ def test_a_model_whose_folder_is_removed_is_forgotten(
         assert await repository.reconcile() == []
 
     caplog.set_level(logging.INFO, logger=LOGGER)
-    run_without_metrics(tmp_path, body)
+    run_repository_with(None, tmp_path, body)
     gone = [m for m in caplog.messages if str(tmp_path) in m]  # which model left which folder
     assert len(gone) == 1 and "model m " in gone[0], gone
 
@@ -195,7 +175,7 @@ def test_a_model_removed_while_the_server_starts_is_shown_without_versions_then_
     monkeypatch.setattr(core, "load_version_dir", load)
 
     async def main() -> None:
-        repository = ModelRepository(config(tmp_path))
+        repository = ModelRepository(repository_config(tmp_path))
         startup = asyncio.create_task(repository.load_all())
         try:
             await asyncio.to_thread(loading.wait, 30)
