@@ -311,8 +311,9 @@ class Client(BlockingClient):
             max_inflight,
             streams=len(self._stubs),
         )
+        metadata = _traced(self._metadata)  # the caller's span, as classify() sends it
         calls = [
-            stub.ClassifyStream(feed.requests(), timeout=timeout, metadata=self._metadata)
+            stub.ClassifyStream(feed.requests(), timeout=timeout, metadata=metadata)
             for stub in self._stubs
         ]
         readers = [

@@ -16,11 +16,11 @@ import grpc
 
 from textserve.artifact import shown
 from textserve.service.errors import ValidationError
-from textserve.service.repository.core import ModelRecord, ModelRepository, ReloadEvent
+from textserve.service.repository.core import ModelRepository, ReloadEvent
+from textserve.service.servicers.convert import model_summary
 from textserve.service.servicers.status import grpc_errors, model_name
 from textserve.v1 import admin_pb2 as pb
 from textserve.v1 import admin_pb2_grpc as pb_grpc
-from textserve.v1 import classifier_pb2 as classifier_pb
 
 if TYPE_CHECKING:
     from textserve.service.servicers.context import ServingContext
@@ -34,23 +34,6 @@ _ACTIONS = {
     "unloaded": pb.VersionEvent.ACTION_UNLOADED,
     "refused": pb.VersionEvent.ACTION_REFUSED,
 }
-
-
-def model_summary(record: ModelRecord, default_model: str | None) -> classifier_pb.ModelSummary:
-    ready = record.ready()
-    return classifier_pb.ModelSummary(
-        name=record.name,
-        versions=[
-            classifier_pb.VersionStatus(
-                version=v.version,
-                state=f"MODEL_STATE_{v.state.name}",  # protobuf takes enum value names
-                reason=v.reason,
-            )
-            for v in sorted(record.versions.values(), key=lambda v: v.version)
-        ],
-        ready_version=ready[0].version if ready else 0,
-        is_default=record.name == default_model,
-    )
 
 
 def version_events(events: Iterable[ReloadEvent]) -> list[pb.VersionEvent]:

@@ -13,14 +13,13 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from textserve import artifact
-from textserve.artifact import MAX_VERSION, shown
 from textserve.oip import grpc_service_pb2 as pb
 from textserve.oip import grpc_service_pb2_grpc as pb_grpc
 from textserve.service.errors import ModelNotFoundError, NotReadyError, ValidationError
 from textserve.service.servicers.oip_codec import INPUT_NAME, decode_request, encode_response
 from textserve.service.servicers.oip_describe import model_config, model_metadata, model_statistics
-from textserve.service.servicers.status import deadline_of, grpc_errors, model_name, observed
+from textserve.service.servicers.resolve import resolve, truncation
+from textserve.service.servicers.status import deadline_of, grpc_errors, observed
 
 if TYPE_CHECKING:
     from textserve.service.engine.handle import ModelHandle
@@ -39,21 +38,6 @@ def _server_version() -> str:
         return "0+unknown"
 
 
-def parse_version(model: str, version: str) -> int | None:
-    """An OIP version string as the repository takes it: "" -> None (the newest ready one);
-    else a canonical decimal in 1..2**63-1, as a repository folder name must be (NOT_FOUND
-    otherwise: no version can have that name)."""
-    if not version:
-        return None
-    number = artifact.parse_version(version)
-    if number is None:
-        raise ModelNotFoundError(
-            f"model {shown(model)} has no version {shown(version)}: versions are decimal "
-            f"integers from 1 to {MAX_VERSION}, written without sign or leading zeros"
-        )
-    return number
-
-
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """inference.GRPCInferenceService over the shared serving context."""
 
@@ -62,7 +46,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._version = _server_version()
 
     def _handle(self, name: str, version: str) -> ModelHandle:
-        return self._ctx.repository.get(model_name(name), parse_version(name, version))
+        return resolve(self._ctx.repository, name, version)
 
     def _ready_versions(self, name: str) -> list[int]:
         record = self._ctx.repository.models.get(name)
@@ -159,7 +143,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             seen.model = handle.name
             decoded = decode_request(request)
             seen.reached(handle.name, handle.version, decoded.texts)
-            truncate = True if decoded.truncate is None else decoded.truncate  # classify's default
+            truncate = truncation(decoded.truncate)
             try:
                 seen.result = result = await handle.classify(
                     decoded.texts, truncate=truncate, deadline=deadline, trace=seen.trace

@@ -3,7 +3,7 @@
     @grpc_errors                                   # taxonomy -> its status; the rest INTERNAL
     async def Classify(self, request, context):
         with observed(metrics, "Classify", deadline_of(context)) as seen:
-            handle = repository.get(...)
+            handle = resolve(repository, request.model, request.version)
             seen.model = handle.name
             ...
 
@@ -152,6 +152,56 @@ class Seen:
         self.texts = texts
 
 
+class Observation:
+    """One request being observed, for code that cannot hold a `with` block open across its
+    request (a stream's messages finish in callbacks): `observed()` is this as a context
+    manager. Build it when the request arrives, call `finish(exc)` exactly once when it ends
+    (None: it succeeded). `seen` is what the request learnt on its way."""
+
+    __slots__ = ("_context", "_deadline", "_method", "_metrics", "_started", "_telemetry", "seen")
+
+    def __init__(
+        self,
+        metrics: Metrics | None,
+        method: str,
+        deadline: float | None,
+        model: str = "",
+        *,
+        context: Any = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self._started = time.perf_counter()
+        self._metrics = metrics
+        self._method = method
+        self._deadline = deadline
+        self._context = context
+        self.seen = seen = Seen(model)
+        if telemetry is not None and telemetry.tracing is None and telemetry.access_log is None:
+            telemetry = None  # both off: nothing more to do than the metrics
+        self._telemetry = telemetry
+        if telemetry is not None and telemetry.tracing is not None:
+            seen.trace = telemetry.tracing.start_request(
+                method, None if context is None else context.invocation_metadata()
+            )
+
+    def finish(self, exc: BaseException | None) -> None:
+        """Count the request with the code its outcome `exc` has, end its span, log it."""
+        code = "OK"
+        if isinstance(exc, asyncio.CancelledError):
+            expired = self._deadline is not None and time.monotonic() >= self._deadline
+            code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
+        elif isinstance(exc, Exception):
+            code = code_name(exc)
+        seconds = time.perf_counter() - self._started
+        exemplar = None
+        if self._telemetry is not None:
+            exemplar = _report(
+                self._telemetry, self.seen, self._method, code, seconds, self._context
+            )
+        if self._metrics is not None:
+            self._metrics.observe_request(self._method, self.seen.model, code, seconds, exemplar)
+
+
 @contextlib.contextmanager
 def observed(
     metrics: Metrics | None,
@@ -169,34 +219,19 @@ def observed(
     counts as DEADLINE_EXCEEDED when the caller's deadline has passed (grpc cancels the handler
     then too), else as CANCELLED; an exception counts with its code from the table above.
 
-    With `telemetry` (and the call's `context`, for its metadata and peer) the request is also
-    traced (its span, parent: the caller's traceparent; a sampled one's trace id becomes the
-    latency bucket's exemplar) and access-logged, each only when it is on."""
-    started = time.perf_counter()
-    seen = Seen(model)
-    if telemetry is not None and telemetry.tracing is None and telemetry.access_log is None:
-        telemetry = None  # both off: nothing more to do than the metrics
-    if telemetry is not None and telemetry.tracing is not None:
-        seen.trace = telemetry.tracing.start_request(
-            method, None if context is None else context.invocation_metadata()
-        )
-    code = "OK"
+    With `telemetry` (and the call's `context` for its metadata and peer: a grpc context, or
+    anything with its `invocation_metadata()` and `peer()`) the request is also traced (its
+    span, parent: the caller's traceparent; a sampled one's trace id becomes the latency
+    bucket's exemplar) and access-logged, each only when it is on."""
+    observation = Observation(
+        metrics, method, deadline, model, context=context, telemetry=telemetry
+    )
     try:
-        yield seen
-    except asyncio.CancelledError:
-        expired = deadline is not None and time.monotonic() >= deadline
-        code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
+        yield observation.seen
+    except BaseException as exc:
+        observation.finish(exc)
         raise
-    except Exception as exc:
-        code = code_name(exc)
-        raise
-    finally:
-        seconds = time.perf_counter() - started
-        exemplar = None
-        if telemetry is not None:
-            exemplar = _report(telemetry, seen, method, code, seconds, context)
-        if metrics is not None:
-            metrics.observe_request(method, seen.model, code, seconds, exemplar)
+    observation.finish(None)
 
 
 def _report(

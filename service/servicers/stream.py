@@ -1,0 +1,205 @@
+"""textserve.v1 ClassifyStream: one `ClassifyStreamCall` per call, answering each request of the
+stream as it completes (each response carries its request's id).
+
+    await ClassifyStreamCall(parts, request_iterator, context).run()
+
+The fast path for bulk clients: a request goes from the reader straight into the batcher with a
+callback (ModelHandle.classify_nowait), no task per message; its answer is built in that
+callback, on the loop, as its batch finishes, and written in arrival order of the answers. Per
+message that is one read, one queue entry and one write.
+
+Backpressure: a request holds one of `stream_max_inflight` permits from the moment it is read
+until its response has been written to grpc. Without a permit the stream reads no more
+requests, so a client that stops reading its responses stops the server reading its requests,
+and HTTP/2 flow control slows the client; the server holds at most that many requests and
+responses per stream, whatever the client does.
+
+Errors of one request become that response's `error` (one bad request must not end the
+stream), with the status and message a unary call would have had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from textserve.service.servicers.resolve import resolve, truncation
+from textserve.service.servicers.status import (
+    Observation,
+    deadline_of,
+    grpc_code,
+    log_unexpected,
+    public_message,
+)
+from textserve.v1 import classifier_pb2 as pb
+
+if TYPE_CHECKING:
+    from textserve.service.engine.handle import ClassifyResult, ModelHandle
+    from textserve.service.metrics import Metrics
+    from textserve.service.repository.core import ModelRepository
+    from textserve.service.servicers.context import Telemetry
+
+logger = logging.getLogger(__name__)
+
+METHOD = "ClassifyStream"  # the `method` label of the metrics
+
+# build(request, handle, result) -> the response to one request (classifier.build_response)
+Build = Callable[[pb.ClassifyRequest, "ModelHandle", "ClassifyResult"], pb.ClassifyResponse]
+
+
+class _Message:
+    """One request of the stream on its way: what its answer is built and counted with."""
+
+    __slots__ = ("future", "handle", "observation", "request")
+
+    def __init__(self, request: pb.ClassifyRequest, observation: Observation) -> None:
+        self.request = request
+        self.observation = observation
+        self.handle: ModelHandle | None = None
+        self.future: asyncio.Future[None] | None = None  # None until it is in the batcher
+
+
+class ClassifyStreamCall:
+    """The state of one ClassifyStream call: its permits, the answers waiting to be written and
+    the requests still in the batcher."""
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        metrics: Metrics | None,
+        telemetry: Telemetry | None,
+        build: Build,
+        max_inflight: int,
+        requests: AsyncIterator[pb.ClassifyRequest],
+        context: Any,
+    ) -> None:
+        self._repository = repository
+        self._metrics = metrics
+        self._telemetry = telemetry
+        self._build = build
+        self._requests = requests
+        self._context = context
+        self._deadline = deadline_of(context)
+        self._permits = asyncio.Semaphore(max_inflight)
+        # At most one response per permit, plus the end marker: put_nowait never finds it full.
+        self._responses: asyncio.Queue[pb.ClassifyResponse | None] = asyncio.Queue(max_inflight + 1)
+        self._pending: set[asyncio.Future[None]] = set()  # requests in the batcher
+        self._reading = True
+        self._ended = False  # the handler returned: late answers (cancelled ones) go nowhere
+
+    async def run(self) -> None:
+        """Read, answer and write until the request stream ends and every answer is written."""
+        reader = asyncio.create_task(self._read())
+        try:
+            while (response := await self._responses.get()) is not None:
+                await _write(self._context, response)  # returns once grpc took it
+                self._permits.release()
+            await reader  # surfaces a failure of the request stream itself
+        except asyncio.CancelledError:
+            # The client cancelled, its deadline passed or its connection went: not an error.
+            logger.debug(
+                "ClassifyStream cancelled by the client or its deadline (%d requests in flight)",
+                len(self._pending),
+            )
+            raise
+        finally:
+            self._ended = True
+            reader.cancel()
+            for future in list(self._pending):
+                future.cancel()  # dropped by the batcher; counted as cancelled (or expired)
+
+    async def _read(self) -> None:
+        requests = aiter(self._requests)
+        try:
+            while True:
+                await self._permits.acquire()  # no permit, no read: the backpressure
+                request = await anext(requests, None)
+                if request is None:
+                    break
+                self._start(request)
+        finally:
+            # A request stream that breaks (an undecodable message) ends the response stream
+            # too, instead of leaving it waiting; `await reader` re-raises.
+            self._reading = False
+            if not self._pending:
+                self._responses.put_nowait(None)
+
+    def _start(self, request: pb.ClassifyRequest) -> None:
+        """Validate `request` and queue its texts; its answer (or error) comes through
+        `_answered`, counted in the metrics like a unary call's."""
+        message = _Message(
+            request,
+            Observation(
+                self._metrics, METHOD, self._deadline, context=self._context,
+                telemetry=self._telemetry,
+            ),
+        )  # fmt: skip
+        seen = message.observation.seen
+        try:
+            message.handle = handle = resolve(self._repository, request.model, request.version)
+            seen.reached(handle.name, handle.version, request.texts)
+            message.future = handle.classify_nowait(
+                request.texts,
+                functools.partial(self._done, message),
+                truncate=truncation(request.truncate if request.HasField("truncate") else None),
+                deadline=self._deadline,
+                trace=seen.trace,
+            )
+        except Exception as exc:
+            self._failed(message, exc)
+            return
+        self._pending.add(message.future)
+
+    def _done(
+        self, message: _Message, result: ClassifyResult | None, exc: BaseException | None
+    ) -> None:
+        """The batcher's answer to one request: its response, or its error."""
+        if message.future is not None:
+            self._pending.discard(message.future)
+        if result is None:
+            assert exc is not None
+            self._failed(message, exc)
+            return
+        assert message.handle is not None  # a result comes only from the batcher
+        try:
+            response = self._build(message.request, message.handle, result)
+        except Exception as error:
+            self._failed(message, error)
+            return
+        message.observation.seen.result = result
+        message.observation.finish(None)
+        self._answered(response)
+
+    def _failed(self, message: _Message, exc: BaseException) -> None:
+        message.observation.finish(exc)
+        if not isinstance(exc, asyncio.CancelledError):  # the stream is ending
+            self._answered(_error_response(message.request, exc))
+
+    def _answered(self, response: pb.ClassifyResponse) -> None:
+        if self._ended:
+            return
+        self._responses.put_nowait(response)
+        if not self._reading and not self._pending:
+            self._responses.put_nowait(None)  # the last answer of a finished request stream
+
+
+def _error_response(request: pb.ClassifyRequest, exc: BaseException) -> pb.ClassifyResponse:
+    """A stream's answer to a request that failed: its id and the status it would have had."""
+    log_unexpected(exc, METHOD)
+    return pb.ClassifyResponse(
+        id=request.id, error=pb.Status(code=grpc_code(exc).value[0], message=public_message(exc))
+    )
+
+
+async def _write(context: Any, response: pb.ClassifyResponse) -> None:
+    """context.write, where a failure means the call has ended under us (the client cancelled,
+    its deadline passed, its connection went) and ends the handler as cancelled: grpc logs a
+    failed write of a handler (e.g. a response generator's) as an ERROR with a traceback, and a
+    cancelled handler at DEBUG, which is what a client going away is."""
+    try:
+        await context.write(response)
+    except Exception as exc:
+        raise asyncio.CancelledError(f"writing a response failed: {exc!r}") from exc
