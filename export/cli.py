@@ -14,76 +14,36 @@ import sys
 from pathlib import Path
 
 from textserve.cli import env_flag
+from textserve.export import options
 
 # No torch/onnx here: `textserve --help` imports this module; run() imports the exporter.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (runs/...)")
+    add_destination(parser)
+    options.add_arguments(parser, foreign=False)
+    parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+
+def add_destination(parser: argparse.ArgumentParser) -> None:
+    """--repository and --name, as `export` and `setup-default` both take them."""
     env_flag(parser, "TEXTSERVE_", "repository", "models", "the model repository (default: models)",
              type=Path)  # fmt: skip
     env_flag(parser, "TEXTSERVE_", "name", "default", "model name: the version goes to "
              "REPOSITORY/NAME/<N>/ (default: default)", env="TEXTSERVE_MODEL")  # fmt: skip
-    parser.add_argument(
-        "--quantize", choices=("int8",), help="publish a dynamically quantized INT8 graph"
-    )
-    parser.add_argument(
-        "--fp16", action="store_true", help="publish a float16 graph (for the CUDA provider)"
-    )
-    parser.add_argument(
-        "--max-accuracy-drop",
-        type=float,
-        default=1.0,
-        metavar="POINTS",
-        help="refuse int8/fp16 if test accuracy drops more than this many points (1.0)",
-    )
-    parser.add_argument(
-        "--no-optimize",
-        dest="optimize",
-        action="store_false",
-        help="publish the exporter's graph without onnxruntime's offline optimization",
-    )
-    parser.add_argument("--opset", type=int, default=18, help="ONNX opset, >= 17 (18)")
-    parser.add_argument(
-        "--exporter",
-        choices=("torchscript", "dynamo"),
-        default="torchscript",
-        help="torch.onnx exporter (torchscript: faster export and graph, see export/transforms.py)",
-    )
-    parser.add_argument(
-        "--no-padding-free",
-        dest="padding_free",
-        action="store_false",
-        help="export the model's dense graph, computing padding positions too (default: the "
-        "padding-free graph of export/padding_free.py, ~2x faster on CPU at batch 32)",
-    )
-    parser.add_argument("--threads", type=int, help="CPU threads for torch and onnxruntime")
-    parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     from textserve.cli import CliError
 
-    if args.threads is not None and args.threads < 1:
-        raise CliError(f"--threads must be >= 1, got {args.threads}")
+    opts = options.from_args(args)
     from textserve.artifact import MODEL_FILE, Manifest
     from textserve.export.errors import CheckFailed, ExportError
     from textserve.export.onnx_export import export_run
 
     try:
-        version_dir = export_run(
-            args.run_dir,
-            args.repository,
-            args.name,
-            quantize=args.quantize,
-            fp16=args.fp16,
-            max_accuracy_drop=args.max_accuracy_drop,
-            optimize=args.optimize,
-            opset=args.opset,
-            exporter=args.exporter,
-            threads=args.threads,
-            padding_free=args.padding_free,
-        )
+        version_dir = export_run(args.run_dir, args.repository, args.name, opts)
     except CheckFailed as exc:
         # A model that fails a check is a result, not a usage error: exit 1, not 2.
         print(f"textserve export: {exc}; nothing was published", file=sys.stderr)

@@ -10,6 +10,7 @@ disk or a failed check never leaves a partial version behind.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -26,13 +27,13 @@ import torch
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file
 from textserve.export import transforms, validate
 from textserve.export.errors import ExportError
+from textserve.export.options import ExportOptions
 from textserve.export.publish import make_temp_dir, publish
 from textserve.model.checkpoint import Run
 
 logger = logging.getLogger(__name__)
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-QUANTIZE_CHOICES = ("int8",)
 # fp16 against the fp32 PyTorch model: float16 keeps ~3 significant digits, so logits of a few
 # units differ by up to ~1e-2; 5e-2 + 1e-2·|logit| leaves room without hiding a broken graph.
 FP16_ATOL = 5e-2
@@ -55,47 +56,26 @@ def export_run(
     run_dir: str | Path,
     repository: str | Path,
     name: str,
-    *,
-    quantize: str | None = None,
-    fp16: bool = False,
-    max_accuracy_drop: float = 1.0,
-    optimize: bool = True,
-    opset: int = transforms.DEFAULT_OPSET,
-    exporter: str = transforms.DEFAULT_EXPORTER,
-    atol: float = validate.FP32_ATOL,
-    rtol: float = validate.FP32_RTOL,
-    threads: int | None = None,
-    padding_free: bool = transforms.DEFAULT_PADDING_FREE,
+    options: ExportOptions | None = None,
+    **changes: Any,
 ) -> Path:
     """Export, check and publish the run as the next version of `name`; returns its directory.
 
-    Raises ExportError for bad input (run directory, repository, options) and its subclass
-    CheckFailed when the model fails a check; in both cases nothing is published. `atol`/`rtol`
-    bound the fp32 parity check; `threads` sets torch's and onnxruntime's CPU threads (None:
-    their defaults); `padding_free=False` exports the model's dense form instead of
-    export/padding_free.py's. int8 and fp16 graphs are derived from the checked fp32 graph.
+    `options` says how (ExportOptions' defaults when None); `changes` replace some of its fields
+    (`export_run(run, repo, "m", threads=1)`), validated as ExportOptions validates. Raises
+    ExportError for bad input (run directory, repository, options) and its subclass CheckFailed
+    when the model fails a check; in both cases nothing is published. int8 and fp16 graphs are
+    derived from the checked fp32 graph.
     """
-    _check_options(name, quantize, fp16, max_accuracy_drop, opset, exporter, atol, rtol)
-    run = _load_run(run_dir, threads)
+    opts = dataclasses.replace(options or ExportOptions(), **changes)
+    check_name(name)
+    run = _load_run(run_dir, opts.threads)
     model_dir = Path(repository) / name
     tmp = make_temp_dir(model_dir)
     try:
         work = tmp / ".work"
         work.mkdir()
-        built = _build(
-            run,
-            work,
-            quantize=quantize,
-            fp16=fp16,
-            max_accuracy_drop=max_accuracy_drop,
-            optimize=optimize,
-            opset=opset,
-            exporter=exporter,
-            atol=atol,
-            rtol=rtol,
-            threads=threads,
-            padding_free=padding_free,
-        )
+        built = _build(run, work, opts)
         os.replace(built.graph, tmp / MODEL_FILE)
         shutil.copyfile(run.tokenizer_path, tmp / TOKENIZER_FILE)
         shutil.rmtree(work)
@@ -126,37 +106,13 @@ def export_run(
     return version_dir
 
 
-def _check_options(
-    name: str,
-    quantize: str | None,
-    fp16: bool,
-    max_accuracy_drop: float,
-    opset: int,
-    exporter: str,
-    atol: float,
-    rtol: float,
-) -> None:
+def check_name(name: str) -> None:
+    """ExportError unless `name` may be a model name (a directory of the repository)."""
     if not NAME_PATTERN.match(name):
         raise ExportError(
             f"model name {name!r} must be letters, digits, '.', '_' or '-' "
             "(at most 128, not starting with '.', '_' or '-')"
         )
-    if quantize is not None and quantize not in QUANTIZE_CHOICES:
-        raise ExportError(
-            f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}"
-        )
-    if quantize and fp16:
-        raise ExportError("choose one of --quantize int8 and --fp16: a version has one precision")
-    if not max_accuracy_drop >= 0:
-        raise ExportError(f"max accuracy drop must be >= 0 points, got {max_accuracy_drop}")
-    if opset < validate.MIN_OPSET:
-        raise ExportError(f"opset must be >= {validate.MIN_OPSET}, got {opset}")
-    if exporter not in transforms.EXPORTERS:
-        raise ExportError(
-            f"exporter must be one of {', '.join(transforms.EXPORTERS)}, got {exporter!r}"
-        )
-    if not (atol >= 0 and rtol >= 0):
-        raise ExportError(f"tolerances must be >= 0, got atol={atol} rtol={rtol}")
 
 
 def _load_run(run_dir: str | Path, threads: int | None) -> Run:
@@ -170,21 +126,7 @@ def _load_run(run_dir: str | Path, threads: int | None) -> Run:
         raise ExportError(str(exc)) from None
 
 
-def _build(
-    run: Run,
-    work: Path,
-    *,
-    quantize: str | None,
-    fp16: bool,
-    max_accuracy_drop: float,
-    optimize: bool,
-    opset: int,
-    exporter: str,
-    atol: float,
-    rtol: float,
-    threads: int | None,
-    padding_free: bool,
-) -> _Built:
+def _build(run: Run, work: Path, opts: ExportOptions) -> _Built:
     """Export, check, optimize, check again, then derive the int8/fp16 graph if asked."""
     inputs = validate.parity_inputs(
         run.max_length, run.config.vocab_size, pad_token_id=run.pad_token_id
@@ -193,8 +135,8 @@ def _build(
         run.tokenizer, run.test_texts, max_length=run.max_length, pad_token_id=run.pad_token_id
     )
     extra: dict[str, Any] = {
-        "exporter": f"torch.onnx.export ({exporter})",
-        "graph_form": "padding-free" if padding_free else "dense",
+        "exporter": f"torch.onnx.export ({opts.exporter})",
+        "graph_form": "padding-free" if opts.padding_free else "dense",
         "versions": {
             "torch": torch.__version__,
             "onnx": onnx.__version__,
@@ -208,8 +150,8 @@ def _build(
     raw = work / "raw.onnx"
     logger.info(
         "exporting to ONNX (%s exporter, opset %d, %s graph)",
-        exporter,
-        opset,
+        opts.exporter,
+        opts.opset,
         extra["graph_form"],
     )
     transforms.export_onnx(
@@ -217,15 +159,15 @@ def _build(
         raw,
         max_length=run.max_length,
         pad_token_id=run.pad_token_id,
-        opset=opset,
-        exporter=exporter,
-        padding_free=padding_free,
+        opset=opts.opset,
+        exporter=opts.exporter,
+        padding_free=opts.padding_free,
     )
     opset_used, max_diff = _check_fp32(
-        raw, run, inputs, atol=atol, rtol=rtol, threads=threads, label="fp32"
+        raw, run, inputs, atol=opts.atol, rtol=opts.rtol, threads=opts.threads, label="fp32"
     )
     graph = raw
-    if optimize:
+    if opts.optimize:
         graph = work / "optimized.onnx"
         logger.info("optimizing offline (onnxruntime, %s level)", transforms.OFFLINE_LEVEL)
         transforms.optimize_offline(raw, graph)
@@ -234,26 +176,34 @@ def _build(
             "max_abs_logit_diff_before": max_diff,
         }
         opset_used, max_diff = _check_fp32(
-            graph, run, inputs, atol=atol, rtol=rtol, threads=threads, label="fp32 optimized"
+            graph,
+            run,
+            inputs,
+            atol=opts.atol,
+            rtol=opts.rtol,
+            threads=opts.threads,
+            label="fp32 optimized",
         )
     else:
         extra["optimization"] = None
     logger.info("checking the whole test split (%d texts)", len(run.test_texts))
-    split = validate.compare_on_texts(graph, run.model, batches, run.test_labels, threads=threads)
+    split = validate.compare_on_texts(
+        graph, run.model, batches, run.test_labels, threads=opts.threads
+    )
     validate.check_agreement(split, minimum=1.0, label="fp32")
     extra["reference_test_accuracy"] = split.reference_accuracy
     parity = {
         "max_abs_logit_diff": max_diff,
         "argmax_agreement": split.argmax_agreement,
-        "tolerance": atol,
-        "rtol": rtol,
+        "tolerance": opts.atol,
+        "rtol": opts.rtol,
         "test_split_max_abs_logit_diff": split.max_abs_logit_diff,
     }
     built = _Built(graph, "fp32", opset_used, parity, split.accuracy, extra)
-    if quantize == "int8":
-        return _build_int8(built, run, work, inputs, batches, max_accuracy_drop, threads)
-    if fp16:
-        return _build_fp16(built, run, work, inputs, batches, max_accuracy_drop, threads)
+    if opts.quantize == "int8":
+        return _build_int8(built, run, work, inputs, batches, opts.max_accuracy_drop, opts.threads)
+    if opts.fp16:
+        return _build_fp16(built, run, work, inputs, batches, opts.max_accuracy_drop, opts.threads)
     return built
 
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 from textserve.artifact import Manifest, ManifestError, parse_version
 from textserve.cli import CliError
+from textserve.export import options
+from textserve.export.errors import CheckFailed, ExportError
+from textserve.export.options import ExportOptions
 
 logger = logging.getLogger(__name__)
 
@@ -22,8 +26,9 @@ _RUN_COMPLETE = ("model.safetensors", "config.json", "tokenizer.json", "metrics.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repository", type=Path, default=Path("models"), help="model repository")
-    parser.add_argument("--name", default="default", help="model name in the repository")
+    from textserve.export.cli import add_destination
+
+    add_destination(parser)
     parser.add_argument(
         "--run-dir",
         type=Path,
@@ -32,10 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--preset", default="small", help="model preset for training")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the data set is kept")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads for training")
     parser.add_argument(
         "--epochs", type=int, default=None, help="training epochs at most (default: train's)"
     )
+    # export's own options and environment fallbacks; --threads also sets training's threads
+    options.add_arguments(parser, foreign=False)
 
 
 def existing_versions(repository: Path, name: str) -> list[int]:
@@ -66,8 +72,8 @@ def setup_default(
     run_dir: Path | None = None,
     preset: str = "small",
     cache_dir: Path | None = None,
-    threads: int | None = None,
     epochs: int | None = None,
+    export_options: ExportOptions | None = None,
 ) -> Path:
     """Make sure `repository/name` has a version; returns the newest version's directory."""
     versions = existing_versions(repository, name)
@@ -84,6 +90,7 @@ def setup_default(
         if run_dir.exists():
             logger.warning("removing the unfinished training run %s", run_dir)
             shutil.rmtree(run_dir)
+        threads = export_options.threads if export_options else None
         kwargs: dict[str, object] = {"preset": preset, "output_dir": run_dir, "threads": threads}
         if cache_dir is not None:
             kwargs["cache_dir"] = cache_dir
@@ -95,10 +102,11 @@ def setup_default(
     from textserve.export.onnx_export import export_run
 
     logger.info("exporting %s as model %r into %s", run_dir, name, repository)
-    return export_run(run_dir, repository, name)
+    return export_run(run_dir, repository, name, export_options)
 
 
 def run(args: argparse.Namespace) -> int:
+    export_options = options.from_args(args)
     try:
         version_dir = setup_default(
             args.repository,
@@ -106,18 +114,18 @@ def run(args: argparse.Namespace) -> int:
             run_dir=args.run_dir,
             preset=args.preset,
             cache_dir=args.cache_dir,
-            threads=args.threads,
             epochs=args.epochs,
+            export_options=export_options,
         )
     except ModuleNotFoundError as exc:
         raise CliError(
             f"{exc.name} is not installed: training and export need `pip install textserve[train]`"
         ) from None
-    except (ValueError, OSError) as exc:
+    except CheckFailed as exc:
+        # As `textserve export`: a model that fails a check is a result (exit 1), in one line.
+        print(f"textserve setup-default: {exc}; nothing was published", file=sys.stderr)
+        return 1
+    except (ExportError, ValueError, OSError) as exc:
         raise CliError(str(exc)) from None
-    except Exception as exc:
-        if type(exc).__module__.startswith("export."):  # ExportError and its checks
-            raise CliError(str(exc)) from None
-        raise
     print(f"model ready: {version_dir}")
     return 0

@@ -15,14 +15,17 @@ import onnxruntime as ort
 import torch
 
 from textserve.artifact import INPUT_NAMES, OUTPUT_NAME
+from textserve.export.options import (
+    DEFAULT_EXPORTER,
+    DEFAULT_OPSET,
+    DEFAULT_PADDING_FREE,
+    EXPORTERS,
+)
 
 logger = logging.getLogger(__name__)
 
-# 18: the opset torch's exporters target natively (the TorchScript one goes higher, dynamo
-# converts down with a version converter) and that every onnxruntime >= 1.14 implements.
-DEFAULT_OPSET = 18
-EXPORTERS = ("torchscript", "dynamo")
-
+# The defaults (DEFAULT_OPSET 18, DEFAULT_EXPORTER, DEFAULT_PADDING_FREE) are ExportOptions'
+# (export/options.py); why they are what they are is measured here.
 # Exporter choice (torch 2.13, onnxruntime 1.32, "small" preset, 1 thread, dense graph):
 # both exporters give a correct graph with truly dynamic batch_size/sequence_length axes — each
 # passes assert_parity at batch 1/7/64 × length 1/5/37/64 with max |Δlogit| ~3e-7 — but
@@ -36,7 +39,6 @@ EXPORTERS = ("torchscript", "dynamo")
 #    disabled_optimizers). At batch 1 the two are within noise of each other.
 # The TorchScript exporter is deprecated upstream but still supported in the pinned torch; the
 # dynamo path stays available (`--exporter dynamo`) and is tested, for when it must take over.
-DEFAULT_EXPORTER = "torchscript"
 
 # Graph form: padding-free by default (export/padding_free.py). Measured on the default model
 # (small preset, 1 thread, onnxruntime 1.32, test split, `python -m textserve.export.bench`,
@@ -49,7 +51,6 @@ DEFAULT_EXPORTER = "torchscript"
 # 1.69x PyTorch at batch 32 in `make bench`, 2.41x at batch 1; and padding keys are outweighed
 # instead of masked with a softmax floor (padding_free._attend): another 1.15x fp32, 1.19x int8.
 # `padding_free=False` exports the model's own forward.
-DEFAULT_PADDING_FREE = True
 
 # Offline optimization level: BASIC. Its rewrites (constant folding, redundant-node elimination,
 # standard-op fusions) are semantics-preserving and provider-independent, so the published graph

@@ -24,11 +24,9 @@ from tokenizers import Tokenizer
 
 from textserve.artifact import INPUT_NAMES, OUTPUT_NAME, disabled_optimizers
 from textserve.export.errors import CheckFailed
+from textserve.export.options import MIN_OPSET
 from textserve.tokenization import encode_batch
 
-MIN_OPSET = 17
-FP32_ATOL = 1e-4  # the bound on max |Δlogit| for fp32
-FP32_RTOL = 0.0
 PARITY_BATCH_SIZES = (1, 7, 64)
 PARITY_LENGTHS = (1, 5, 37, None)  # None: the model's max_length
 EVAL_BATCH_SIZE = 64

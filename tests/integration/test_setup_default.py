@@ -81,3 +81,62 @@ def test_an_unfinished_run_or_a_broken_version_is_redone(
     assert out == f"model ready: {tmp_path / 'models' / 'default' / '2'}\n"
     setup(tmp_path, capsys)
     assert calls == {"train": 1, "export": 1}
+
+
+def test_an_export_that_fails_a_check_is_one_line_and_exit_1(
+    tiny_run: Path,
+    tmp_path: Path,
+    calls: dict[str, int],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # export's options and their environment fallbacks reach setup-default's export: int8 from
+    # TEXTSERVE_EXPORT_QUANTIZE, graded against a bound the stand-in graph cannot meet
+    from textserve.export import transforms
+    from textserve.model.checkpoint import load_run
+
+    run = load_run(tiny_run)
+
+    def untrained(src: Path, dst: Path) -> dict[str, object]:
+        import torch
+
+        torch.manual_seed(1)
+        transforms.export_onnx(type(run.model)(run.config).eval(), dst, max_length=run.max_length)
+        return {}
+
+    monkeypatch.setattr(transforms, "quantize_int8", untrained)
+    monkeypatch.setenv("TEXTSERVE_EXPORT_QUANTIZE", "int8")
+    monkeypatch.setenv("TEXTSERVE_EXPORT_MAX_ACCURACY_DROP", "0.5")
+    shutil.copytree(tiny_run, tmp_path / "runs" / "default")
+    argv = ["setup-default", "--repository", str(tmp_path / "models"),
+            "--run-dir", str(tmp_path / "runs" / "default"), "--threads", "1"]  # fmt: skip
+    assert cli_main(argv) == 1
+    captured = capsys.readouterr()
+    assert calls == {"train": 0, "export": 1}
+    assert captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith("textserve setup-default: int8 accuracy check failed: ")
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert list((tmp_path / "models" / "default").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TEXTSERVE_EXPORT_OPSET": "x"}, "TEXTSERVE_EXPORT_OPSET='x': expected an integer"),
+        ({"TEXTSERVE_EXPORT_FP16": "maybe"}, "TEXTSERVE_EXPORT_FP16='maybe': expected one of"),
+        ({"TEXTSERVE_EXPORT_FP16": "1", "TEXTSERVE_EXPORT_QUANTIZE": "int8"}, "choose one of"),
+    ],
+)
+def test_a_bad_export_setting_is_one_line_and_exit_2(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    message: str,
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert cli_main(["setup-default", "--repository", str(tmp_path / "models")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "models").exists()
