@@ -14,20 +14,19 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from textserve.artifact import Manifest, ManifestError, parse_version
+from textserve.artifact import Manifest, ManifestError, iter_versions
 from textserve.service.config import usable_cpus
 
 
 def find_version(repository: Path, model: str) -> Path | None:
     """The newest complete version of `model` in `repository` (None when there is none)."""
-    versions = []
-    for child in (repository / model).glob("*"):
-        version = parse_version(child.name)
-        if version and child.is_dir():
+    complete = []
+    with contextlib.suppress(OSError):  # no such model
+        for _, child in iter_versions(repository / model, complete=True):
             with contextlib.suppress(ManifestError):
                 Manifest.read(child)
-                versions.append(version)
-    return repository / model / str(max(versions)) if versions else None
+                complete.append(child)
+    return complete[-1] if complete else None
 
 
 def default_run_dir(version_dir: Path | None, model: str) -> Path:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from textserve.artifact import MODEL_FILE, Manifest, ManifestError, parse_version, sha256_file
+from textserve.artifact import MODEL_FILE, Manifest, ManifestError, iter_versions, sha256_file
 from textserve.export import transforms, validate
 from textserve.export.errors import ExportError
 from textserve.model.checkpoint import Run, load_run
@@ -181,11 +181,7 @@ def _from_repository(model_dir: Path, weights_sha: str) -> dict[str, Path]:
     if not model_dir.is_dir():
         raise ExportError(f"{model_dir} does not exist")
     found: dict[str, Path] = {}
-    versions = sorted(
-        (p for p in model_dir.iterdir() if parse_version(p.name)),
-        key=lambda p: -(parse_version(p.name) or 0),
-    )
-    for version_dir in versions:
+    for _, version_dir in reversed(list(iter_versions(model_dir))):  # newest first
         try:
             manifest = Manifest.read(version_dir)
         except ManifestError:

@@ -1,9 +1,10 @@
 """Atomic, versioned writes into the model repository: models/<name>/<N>/.
 
 A version is built in models/<name>/.tmp-<pid>-XXXX/ and renamed into place with rename(2)
-once complete, so readers see no version or a whole one; a name that parse_version refuses is
-never a version. A temp dir whose process is gone (killed before it could clean up) is removed
-by the next export of that model.
+once complete, so readers see no version or a whole one; its number is
+textserve.artifact.next_version's, by the rule the server's scan reads versions with. A temp
+dir whose process is gone (killed before it could clean up) is removed by the next export of
+that model.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from textserve.artifact import Manifest, parse_version
+from textserve.artifact import Manifest, ManifestError, next_version, version_dir
 from textserve.export.errors import ExportError
 
 logger = logging.getLogger(__name__)
@@ -56,16 +57,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def next_version(model_dir: Path) -> int:
-    """1 + the highest version-named directory (broken ones count: their number stays taken)."""
-    numbers = [v for p in model_dir.iterdir() if (v := parse_version(p.name)) and p.is_dir()]
-    return max(numbers, default=0) + 1
-
-
 def publish(tmp: Path, model_dir: Path, manifest: Manifest) -> Path:
     """Write the manifest last, flush everything to disk, rename tmp to the next free version."""
     for _ in range(1000):
-        version = next_version(model_dir)
+        try:
+            version = next_version(model_dir)  # textserve.artifact's rule, as the server's scan
+        except ManifestError as exc:
+            raise ExportError(str(exc)) from None
         final = dataclasses.replace(manifest, version=version)
         final.check()
         final.write(tmp)
@@ -74,7 +72,7 @@ def publish(tmp: Path, model_dir: Path, manifest: Manifest) -> Path:
         # file (the server may run as another user). Not umask-derived: reading the umask
         # means setting it, which races with other threads creating files.
         os.chmod(tmp, 0o755)
-        target = model_dir / str(version)
+        target = version_dir(model_dir, version)
         try:
             # rename(2) is atomic: readers see no version or a complete one. It fails on an
             # existing non-empty directory: another export took that number, so try the next.

@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from textserve.artifact import Manifest, ManifestError, parse_version
+from textserve.artifact import Manifest, ManifestError, iter_versions
 from textserve.cli import CliError
 from textserve.export import options
 from textserve.export.errors import CheckFailed, ExportError
@@ -50,15 +50,13 @@ def existing_versions(repository: Path, name: str) -> list[int]:
     if not model_dir.is_dir():
         return []
     versions = []
-    for child in model_dir.iterdir():
-        version = parse_version(child.name)
-        if version and child.is_dir():
-            try:
-                Manifest.read(child)
-            except ManifestError:
-                continue
-            versions.append(version)
-    return sorted(versions)
+    for version, child in iter_versions(model_dir, complete=True):
+        try:
+            Manifest.read(child)
+        except ManifestError:
+            continue
+        versions.append(version)
+    return versions
 
 
 def run_is_complete(run_dir: Path) -> bool:

@@ -42,6 +42,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from textserve.artifact import MODEL_FILE, newest_version
 from textserve.service.config import ServerConfig, usable_cpus
 from textserve.service.worker import AdminOp, WorkerSpec, worker_main
 
@@ -106,10 +107,10 @@ def worker_memory(repository: Path) -> int:
     total = WORKER_BASE_BYTES
     with contextlib.suppress(OSError):
         for model in Path(repository).iterdir():
-            versions = [v for v in model.iterdir() if v.name.isdigit()] if model.is_dir() else []
-            if versions:
-                newest = max(versions, key=lambda v: int(v.name))
-                onnx = newest / "model.onnx"
+            # The scan's rule (textserve.artifact): a stray `²` folder is no version, no crash.
+            newest = newest_version(model, complete=True) if model.is_dir() else None
+            if newest is not None:
+                onnx = newest[1] / MODEL_FILE
                 if onnx.is_file():
                     total += MODEL_BYTES_FACTOR * onnx.stat().st_size
     return total

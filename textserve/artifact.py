@@ -6,6 +6,7 @@ shared volume, a mistaken `cp` can put anything there), so this module is also w
 is read safely:
 
     version = parse_version("12")                  # 12; None for "012", "²", "99999999999999999999"
+    for version, path in iter_versions(Path("models/m")): ...    # every version folder, ascending
     manifest, files = read_version(Path("models/m/12"))   # files: {"model.onnx": b"...", ...}
 
 `read_version` hands back the very bytes it hashed, so what is verified is what is loaded.
@@ -18,7 +19,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import resources
@@ -33,9 +34,6 @@ FORMAT_VERSION = 1
 PRECISIONS = ("fp32", "fp16", "int8")
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "logits"
-# The largest version number: versions are int64 in the protocols (textserve.v1, metrics labels).
-MAX_VERSION = 2**63 - 1
-
 # Versions go out as int64 (protobuf, Prometheus labels): a bigger one made every RPC fail.
 MAX_VERSION = 2**63 - 1
 # Size caps, checked before a byte is read: generous for real models (the largest we export is
@@ -97,6 +95,74 @@ def parse_version(name: str) -> int | None:
         return None
     version = int(name)
     return version if version <= MAX_VERSION else None
+
+
+def iter_versions(
+    model_dir: Path, *, complete: bool = False, skipped: set[str] | None = None
+) -> Iterator[tuple[int, Path]]:
+    """(version, path) of each version folder of models/<name>/ (`model_dir`), ascending: the
+    one rule every reader of a repository uses (the server's scan, the worker sizing, the
+    export's numbering, `textserve models`, bench). An entry is a version when parse_version
+    takes its name and it is a directory, or a symbolic link (listed so that loading it refuses
+    it with a reason, and so that its number stays taken). With `complete`, a directory must
+    also hold a manifest.json (one still being written has none). Names of directories that are
+    not versions (hidden ones aside: exports in progress, editor and OS files) are added to
+    `skipped`. OSError when `model_dir` cannot be listed.
+
+    >>> [v for v, _ in iter_versions(Path("models/default"))]  # doctest: +SKIP
+    [1, 2]
+    """
+    found: list[tuple[int, Path]] = []
+    with os.scandir(model_dir) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            version = parse_version(entry.name)
+            if version is None:
+                if skipped is not None and entry.is_dir():
+                    skipped.add(entry.name)
+                continue
+            complete_dir = entry.is_dir() and (
+                not complete or os.path.lexists(os.path.join(entry.path, MANIFEST_FILE))
+            )
+            if entry.is_symlink() or complete_dir:
+                found.append((version, Path(entry.path)))
+    yield from sorted(found)
+
+
+def identity(version_dir: Path) -> tuple[str, int | None]:
+    """(model, version) a version folder stands for: its parent's name and parse_version of its
+    own (None when it is no version). A manifest must say the same.
+
+    >>> identity(Path("models/tiny/3"))
+    ('tiny', 3)
+    """
+    path = Path(version_dir)
+    return path.parent.name, parse_version(path.name)
+
+
+def newest_version(model_dir: Path, *, complete: bool = False) -> tuple[int, Path] | None:
+    """The last of iter_versions(model_dir, complete=...), None when there is none."""
+    versions = list(iter_versions(model_dir, complete=complete))
+    return versions[-1] if versions else None
+
+
+def next_version(model_dir: Path) -> int:
+    """The number a new version of `model_dir` gets: 1 + the highest version folder (broken
+    ones count: their number stays taken). ManifestError past MAX_VERSION."""
+    newest = newest_version(model_dir)
+    version = 1 if newest is None else newest[0] + 1
+    if version > MAX_VERSION:
+        raise ManifestError(f"{model_dir} has version {MAX_VERSION}, the highest there can be")
+    return version
+
+
+def version_dir(model_dir: Path, version: int) -> Path:
+    """Where `version` of models/<name>/ lives: its canonical decimal name (what parse_version
+    reads back). ValueError for a number that is not a version."""
+    if not 0 < version <= MAX_VERSION:
+        raise ValueError(f"{version} is not a version (1..{MAX_VERSION})")
+    return Path(model_dir) / str(version)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from textserve.artifact import (
     ManifestError,
     MissingFileError,
     UnsafeFileError,
-    parse_version,
+    identity,
     read_version,
 )
 from textserve.service.config import ServerConfig
@@ -97,7 +97,7 @@ def load_version_dir(
         raise LoadError(f"{path}: {exc}", "checksum_mismatch") from None
     except ManifestError as exc:
         raise LoadError(str(exc), "invalid_manifest") from None
-    if manifest.name != path.parent.name or manifest.version != parse_version(path.name):
+    if (manifest.name, manifest.version) != identity(path):
         raise LoadError(
             f"{path}/manifest.json says {manifest.name[:64]} version {manifest.version}",
             "invalid_manifest",

@@ -1,7 +1,7 @@
 """What is on disk: models/<name>/<version>/ directories, read as untrusted input.
 
-A version is a directory whose name `textserve.artifact.parse_version` accepts (a canonical
-decimal within 1..2**63-1) holding a manifest.json; anything else under a model is not a
+A version is what `textserve.artifact.iter_versions` lists (a directory named by a canonical
+decimal within 1..2**63-1 holding a manifest.json); anything else under a model is not a
 version and is skipped (the repository says so once per name). A model whose directory cannot
 be listed is reported, not dropped: its versions must not look removed (and be retired) because
 a mount hiccupped, and it must not stop the scan of the other models.
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textserve.artifact import MANIFEST_FILE, parse_version
+from textserve.artifact import iter_versions
 from textserve.service.repository.loader import Files, fingerprint
 
 
@@ -53,21 +53,11 @@ def scan_repository(root: Path, watched: Iterable[Path] = ()) -> ScanResult:
 
 
 def _versions(model_dir: Path, model: str, not_versions: set[tuple[str, str]]) -> dict[int, Path]:
-    versions: dict[int, Path] = {}
-    for entry in os.scandir(model_dir):
-        if entry.name.startswith("."):  # exports in progress (.tmp-*), editor and OS files
-            continue
-        version = parse_version(entry.name)
-        if version is None:
-            if entry.is_dir():
-                not_versions.add((model, entry.name))
-            continue
-        if entry.is_symlink():
-            # Listed, so that loading it refuses it with a reason: a version directory must
-            # be a directory of the repository, not a link to somewhere else.
-            versions[version] = Path(entry.path)
-        elif entry.is_dir() and os.path.lexists(os.path.join(entry.path, MANIFEST_FILE)):
-            versions[version] = Path(entry.path)  # without a manifest: still being written
+    # A directory without a manifest is still being written; a symbolic link is listed, so that
+    # loading it refuses it with a reason (a version must be a directory of the repository).
+    skipped: set[str] = set()
+    versions = dict(iter_versions(model_dir, complete=True, skipped=skipped))
+    not_versions.update((model, name) for name in skipped)
     return versions
 
 

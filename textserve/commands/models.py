@@ -2,7 +2,7 @@
 
 Listing (the default, or `textserve models list`) reads the manifests only: no server needed,
 and fast on a large repository (--verify also checks every file's checksum). A directory named as
-a version (textserve.artifact.parse_version) but without a valid manifest is listed as broken;
+a version (textserve.artifact.iter_versions) but without a valid manifest is listed as broken;
 other names (temporary directories of exports in progress, .tmp-*) are not versions and are not
 listed.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from textserve import connect
-from textserve.artifact import Manifest, ManifestError, parse_version
+from textserve.artifact import Manifest, ManifestError, iter_versions
 from textserve.cli import env_flag
 
 
@@ -66,17 +66,17 @@ def list_versions(repository: Path, *, verify: bool = False) -> list[VersionInfo
     for model_dir in sorted(p for p in repository.iterdir() if p.is_dir()):
         if model_dir.name.startswith("."):
             continue
-        for version_dir in model_dir.iterdir():
-            version = parse_version(version_dir.name)
-            if version is None or not version_dir.is_dir():
-                continue
+        for version, version_dir in iter_versions(model_dir):
             found.append(_describe(model_dir.name, version, version_dir, verify))
     return sorted(found, key=lambda v: (v.name, v.version))
 
 
 def _describe(name: str, version: int, version_dir: Path, verify: bool) -> VersionInfo:
     # lstat: a link's own size; what it points at is not the version's (and is refused)
-    size = sum(f.lstat().st_size for f in version_dir.iterdir() if f.is_file())
+    try:
+        size = sum(f.lstat().st_size for f in version_dir.iterdir() if f.is_file())
+    except OSError:  # a link to a file, or unreadable: listed as broken below, size unknown
+        size = 0
     try:
         manifest = Manifest.read(version_dir)
         if manifest.name != name or manifest.version != version:
