@@ -10,13 +10,14 @@ MODEL ?= default
 REPOSITORY ?= models
 BENCH_ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export NO_MKDOCS_2_WARNING := 1  # MkDocs' banner about its 2.0 on every build
 
-.PHONY: venv serve test lint typecheck pytest protos bench mutate system-deps clean
+.PHONY: venv serve test lint typecheck pytest protos bench mutate system-deps docs docs-serve clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[train,test,dev,bench]'
+	$(PIP) install -q -e '.[train,test,dev,bench,docs]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -86,6 +87,14 @@ bench: venv
 GROUPS ?=
 mutate: venv
 	nice -n 10 $(PY) tests/mutation/run.py $(GROUPS)
+
+## docs: build the documentation site into build/site (--strict: broken links fail; `make test`
+## builds it too, tests/unit/docs/); docs-serve: preview it on http://127.0.0.1:8008, rebuilt on save
+docs: venv
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: venv
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8008
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

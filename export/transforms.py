@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 #    32 (ORT profile: 18–22 ms vs 26–30 ms per batch of 32 × 48 tokens). onnxruntime fuses its
 #    Linear+GELU into BiasGelu, while the dynamo graph (GELU decomposed into Erf/Mul/Add at
 #    opset 18) gets Add+LayerNorm fused into SkipLayerNormalization, which is slow on CPU here
-#    (~22% of the batch; CPU sessions now leave that fusion out, service/runtime.py's
+#    (~22% of the batch; CPU sessions now leave that fusion out, service/engine/runtime.py's
 #    disabled_optimizers). At batch 1 the two are within noise of each other.
 # The TorchScript exporter is deprecated upstream but still supported in the pinned torch; the
 # dynamo path stays available (`--exporter dynamo`) and is tested, for when it must take over.

@@ -7,7 +7,7 @@ thread, so it is tested with fakes in microseconds and with onnxruntime in integ
 it as length-sorted sub-batches) returns a `BatchOutput` instead: the rows, the runs it made (for
 the batch metrics) and the rows that failed (their requests fail with that error).
 
-Batch formation (see ../shared/DESIGN.md): the oldest waiting item anchors the batch, so no item
+Batch formation (docs/architecture.md): the oldest waiting item anchors the batch, so no item
 starves; the batch is filled from the anchor's length bucket outwards (nearest lengths first)
 while it holds fewer than `max_batch_size` items, `items x longest` stays within
 `max_batch_tokens` and, once it has `min_fill` items, padding stays under `max_padding_ratio`.

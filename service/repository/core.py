@@ -1,10 +1,10 @@
 """The model repository: scan models/<name>/<version>/, apply version policies, hot-reload.
 
 Each model keeps a record per version found on disk with its state. `reconcile` makes the
-served versions match the policy (service/version_policy.py): wanted versions are loaded,
-checked and warmed beside those serving (service/loader.py), and only once READY does `get`
-hand them out (it always picks the newest READY version, in one event-loop step, so the switch
-is atomic); versions no longer wanted are retired: no new requests, the ones that already
+served versions match the policy (service/repository/policy.py): wanted versions are loaded,
+checked and warmed beside those serving (service/repository/loader.py), and only once READY
+does `get` hand them out (it always picks the newest READY version, in one event-loop step, so
+the switch is atomic); versions no longer wanted are retired: no new requests, the ones that already
 picked them finish there, then the session is released (ModelHandle.drain). A refused version
 is FAILED with its reason (logged, counted, shown by GetModel) and the policy falls back to the
 next one, so the version that was serving keeps serving. `load_all` is the first reconcile (at

@@ -1,6 +1,6 @@
 """Artifacts the server refuses: a published version whose model.onnx or tokenizer.json no longer
 matches the sha256 in its manifest is never served (`textserve serve` exits 2 naming the file).
-(No unpickling anywhere: tests/unit/test_no_unpickling.py; non-root image:
+(No unpickling anywhere: tests/unit/textserve/test_no_unpickling.py; non-root image:
 tests/system/test_dockerfile.py.)"""
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ def stage(group: str, work: Path | None = None) -> Path:
     work = work or OUT / group
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    # symlinks=False: textserve/service -> ../service becomes a real folder, as in the wheel
+    # symlinks=False: the symlink textserve/service (to service/) becomes a real folder, as in
+    # the wheel
     shutil.copytree(ROOT / "textserve", work / "textserve", ignore=shutil.ignore_patterns(*SKIP))
     shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns(*SKIP))
     tests = [t for t in tests if (ROOT / t).exists()]
