@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
 
     from textserve.service.config import ConfigError
     from textserve.service.engine.runtime import DeviceUnavailableError
-    from textserve.service.repository.core import LoadError
+    from textserve.service.repository.core import StartupError
     from textserve.service.server import serve
     from textserve.service.supervisor import SupervisorError, resolve_workers, serve_workers
 
@@ -289,5 +289,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"textserve serve: error: {exc}", file=sys.stderr)
             return exc.status
         raise CliError(str(exc)) from None
-    except (LoadError, DeviceUnavailableError, OSError, ConfigError) as exc:
+    except (StartupError, DeviceUnavailableError, OSError, ConfigError) as exc:
         raise CliError(str(exc)) from None

@@ -179,7 +179,7 @@ def create_server(
     supervisor holds it, so that another program on it is still an error).
     """
     metrics = metrics or Metrics()
-    repository = ModelRepository(config, metrics)
+    repository = ModelRepository.from_server(config, metrics)
     ctx = ServingContext(
         config=config, repository=repository, metrics=metrics, telemetry=telemetry(config, metrics)
     )

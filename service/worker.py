@@ -63,13 +63,13 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     )
     from textserve.service.config import ConfigError
     from textserve.service.engine.runtime import DeviceUnavailableError
-    from textserve.service.repository.core import LoadError
+    from textserve.service.repository.core import StartupError
     from textserve.service.server import serve
 
     link = WorkerLink(spec, conn)
     try:
         code = asyncio.run(serve(spec.config, worker=link))
-    except (LoadError, DeviceUnavailableError, OSError, ConfigError) as exc:
+    except (StartupError, DeviceUnavailableError, OSError, ConfigError) as exc:
         link.send(("failed", str(exc)))
         sys.exit(2)
     sys.exit(code)

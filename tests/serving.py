@@ -293,7 +293,7 @@ def run_repository_with(
     config = repository_config(root, **overrides)
 
     async def main() -> None:
-        repository = ModelRepository(config, metrics)
+        repository = ModelRepository.from_server(config, metrics)
         try:
             await repository.load_all()
             await body(repository)

@@ -1,116 +1,80 @@
 """The model repository: scan models/<name>/<version>/, apply version policies, hot-reload.
 
-Each model keeps a record per version found on disk with its state. `reconcile` makes the
-served versions match the policy (service/repository/policy.py): wanted versions are loaded,
-checked and warmed beside those serving (service/repository/loader.py), and only once READY
-does `get` hand them out (it always picks the newest READY version, in one event-loop step, so
-the switch is atomic); versions no longer wanted are retired: no new requests, the ones that already
-picked them finish there, then the session is released (ModelHandle.drain). A refused version
-is FAILED with its reason (logged, counted, shown by GetModel) and the policy falls back to the
-next one, so the version that was serving keeps serving. `load_all` is the first reconcile (at
-startup); a RepositoryWatcher repeats it every `poll_interval` seconds; the admin service calls
-`load_model` / `unload_model` / `reconcile`.
+Each model keeps a record per version found on disk (service/repository/records.py: the
+states and the only legal transitions between them). `reconcile` makes the served versions
+match the policy (service/repository/policy.py): wanted versions are loaded, checked and warmed
+beside those serving (service/repository/loader.py, through the `load` function the repository
+is given), and only once READY does `get` hand them out (it always picks the newest READY
+version, in one event-loop step, so the switch is atomic); versions no longer wanted are
+retired: no new requests, the ones that already picked them finish there, then the session is
+released (ModelHandle.drain). A refused version is FAILED with its reason (logged, counted,
+shown by GetModel) and the policy falls back to the next one, so the version that was serving
+keeps serving. `load_all` is the first reconcile (at startup; StartupError when nothing can
+serve); a RepositoryWatcher repeats it every `poll_interval` seconds; the admin service calls
+`load_model` / `unload_model` / `reconcile`. Everything that touches the disk (the scan,
+serving.json, fingerprints, loads) runs on worker threads: a slow or hung mount must not stall
+serving.
+
+    repository = ModelRepository.from_server(server_config, metrics)
+    await repository.load_all()
+    handle = repository.get("tiny")          # the newest READY version
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textserve.artifact import shown
-from textserve.service.config import ServerConfig
 from textserve.service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
-from textserve.service.repository.loader import Files, LoadError, fingerprint, load_version_dir
-from textserve.service.repository.policy import LATEST, PolicyError, VersionPolicy, read_policy_file
+from textserve.service.repository.config import RepositoryConfig
+from textserve.service.repository.loader import LoadError, fingerprint, load_version_dir
+from textserve.service.repository.policy import PolicyError, VersionPolicy, read_policy_file
+from textserve.service.repository.records import ModelRecord, ReloadEvent, State, VersionRecord
 from textserve.service.repository.scan import ScanResult, scan, scan_repository
 from textserve.service.repository.watcher import RepositoryWatcher
 
 if TYPE_CHECKING:
+    from textserve.service.config import ServerConfig
     from textserve.service.engine.handle import ModelHandle
     from textserve.service.metrics import Metrics
 
-__all__ = ["LoadError", "ModelRecord", "ModelRepository", "ReloadEvent", "State", "scan"]
+__all__ = [
+    "LoadError",
+    "ModelRecord",
+    "ModelRepository",
+    "ReloadEvent",
+    "RepositoryConfig",
+    "StartupError",
+    "State",
+    "VersionRecord",
+    "scan",
+]
 
 logger = logging.getLogger(__name__)
 
-
-class State(enum.Enum):
-    AVAILABLE = "available"  # on disk, not loaded (the policy does not serve it)
-    LOADING = "loading"
-    READY = "ready"
-    UNLOADING = "unloading"  # retired: finishing the requests that picked it, then released
-    FAILED = "failed"
+# Loads one version directory into a warm, not yet started handle; LoadError if it cannot serve.
+Loader = Callable[[Path], "ModelHandle"]
 
 
-@dataclass
-class VersionRecord:
-    version: int
-    path: Path
-    state: State = State.AVAILABLE
-    reason: str = ""  # why FAILED
-    handle: ModelHandle | None = None
-    on_disk: bool = True
-    loaded_files: Files = ()  # fingerprint when loading it was last tried (FAILED or READY)
-    changed_files: Files = ()  # READY: the last in-place change warned about
-
-
-@dataclass
-class ModelRecord:
-    name: str
-    versions: dict[int, VersionRecord] = field(default_factory=dict)
-    policy: VersionPolicy = LATEST  # in force: --version-policy NAME=, serving.json, default
-    pinned: set[int] = field(default_factory=set)  # LoadModel(version): served beside the policy
-    excluded: set[int] = field(default_factory=set)  # UnloadModel(version): the policy skips them
-    disabled: bool = False  # UnloadModel(name): only pinned versions serve until LoadModel(name)
-    policy_problem: str = ""  # the last serving.json error, logged once
-
-    def ready(self) -> list[VersionRecord]:
-        """READY versions, newest first."""
-        return sorted(
-            (v for v in self.versions.values() if v.state is State.READY),
-            key=lambda v: v.version,
-            reverse=True,
-        )
-
-    def describe(self) -> str:
-        parts = [
-            f"{v.version} ({v.state.value})"
-            for v in sorted(self.versions.values(), key=lambda v: v.version)
-        ]
-        return f"{self.name} [versions {', '.join(parts) or 'none'}]"
-
-    def wanted(self) -> list[int]:
-        """The versions to serve now, newest first: the policy's choice among the versions on
-        disk that were not refused or unloaded by hand, plus the pinned ones."""
-        candidates = [
-            v.version
-            for v in self.versions.values()
-            if v.on_disk and v.state is not State.FAILED and v.version not in self.excluded
-        ]
-        chosen = set() if self.disabled else set(self.policy.select(candidates))
-        chosen |= self.pinned & set(candidates)
-        return sorted(chosen, reverse=True)
-
-
-@dataclass(frozen=True)
-class ReloadEvent:
-    model: str
-    version: int
-    action: str  # loaded | unloaded | refused
-    reason: str = ""  # refused: why
+class StartupError(Exception):
+    """The repository cannot start serving (no repository, no version that loads, the named
+    default model missing or refused, a bad serving.json): the server exits with this message.
+    A refused version alone is no startup error while another one serves."""
 
 
 class ModelRepository:
     """Every model of one repository directory and the handles serving them. Use on one loop."""
 
-    def __init__(self, config: ServerConfig, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, config: RepositoryConfig, load: Loader, metrics: Metrics | None = None
+    ) -> None:
         self.config = config
-        self.root = Path(config.repository)
+        self.root = config.root
+        self._load_version = load
         self.metrics = metrics
         self.models: dict[str, ModelRecord] = {}
         self.default_model: str | None = None
@@ -125,53 +89,62 @@ class ModelRepository:
         self._not_versions: set[tuple[str, str]] = set()  # said once per name
         self._not_models: set[str] = set()
         self._unreadable: dict[str, str] = {}  # model directories that could not be listed
+        # Each model's serving.json as last read (off the event loop, with the scan): its
+        # policy, None without one, or why it could not be used.
+        self._policy_files: dict[str, VersionPolicy | PolicyError | None] = {}
         self._started = False
         self._watcher: RepositoryWatcher | None = None
         # Told, after every change that loaded or unloaded a version, whether any model is
         # being served (the server turns health NOT_SERVING while none is).
         self.on_change: Callable[[bool], Awaitable[None]] | None = None
 
+    @classmethod
+    def from_server(cls, config: ServerConfig, metrics: Metrics | None = None) -> ModelRepository:
+        """The repository of a server: its settings, and versions loaded as `config` says."""
+
+        def load(path: Path) -> ModelHandle:
+            return load_version_dir(path, config, metrics=metrics)
+
+        return cls(RepositoryConfig.of(config), load, metrics)
+
     # -- startup -------------------------------------------------------------------------------
 
     async def load_all(self) -> None:
-        """Startup: scan, load what the policies pick and start watching; raise LoadError if
+        """Startup: scan, load what the policies pick and start watching; raise StartupError if
         nothing (or the named default model) could be served."""
-        if not self.root.is_dir():
-            raise LoadError(f"model repository {self.root} is not a directory", "other")
-        found = scan(self.root)
+        if not await asyncio.to_thread(self.root.is_dir):
+            raise StartupError(f"model repository {self.root} is not a directory")
+        found = await asyncio.to_thread(scan, self.root)
         if not found:
-            raise LoadError(
+            raise StartupError(
                 f"no model versions in {self.root} (expected {self.root}/<name>/<version>/"
-                "manifest.json; export one with `textserve export`)",
-                "other",
+                "manifest.json; export one with `textserve export`)"
             )
-        wanted = self.config.model
+        wanted = self.config.default_model
         if wanted is not None and wanted not in found:
-            raise LoadError(
-                f"--model {wanted!r} is not in {self.root}; it has {', '.join(found)}", "other"
+            raise StartupError(
+                f"--model {wanted!r} is not in {self.root}; it has {', '.join(found)}"
             )
         await self.reconcile()
         if wanted is not None:
             if not self.models[wanted].ready():
                 record = self.models[wanted]
-                raise LoadError(
+                raise StartupError(
                     f"default model {record.describe()} did not load (version policy "
-                    f"{record.policy})",
-                    "other",
+                    f"{record.policy})"
                 )
             self.default_model = wanted
         elif len(self.models) == 1:
             self.default_model = next(iter(self.models))
         if not any(m.ready() for m in self.models.values()):
-            raise LoadError(
+            raise StartupError(
                 "no model version could be loaded: "
                 + "; ".join(
                     f"{m.name} {v.version}: {v.reason}"
                     for m in self.models.values()
                     for v in m.versions.values()
                     if v.state is State.FAILED
-                ),
-                "other",
+                )
             )
         self._started = True
         if self.config.poll_interval > 0:
@@ -261,11 +234,24 @@ class ModelRepository:
             for entry in record.versions.values()
             if entry.state in (State.FAILED, State.READY)
         ]
-        result = await asyncio.get_running_loop().run_in_executor(
-            None, scan_repository, self.root, watched
-        )
+        known = list(self.models)  # read here: the loop changes self.models, not the thread
+        result, policies = await asyncio.to_thread(self._read_disk, watched, known)
         self._report_scan(result)
         self._update_records(result)
+        self._policy_files = policies
+
+    def _read_disk(
+        self, watched: list[Path], known: list[str]
+    ) -> tuple[ScanResult, dict[str, VersionPolicy | PolicyError | None]]:
+        """On a worker thread: the scan, and the serving.json of every model found or known."""
+        result = scan_repository(self.root, watched)
+        policies: dict[str, VersionPolicy | PolicyError | None] = {}
+        for name in {*result.found, *known}:
+            try:
+                policies[name] = read_policy_file(self.root / name)
+            except PolicyError as exc:
+                policies[name] = exc
+        return result, policies
 
     def _report_scan(self, result: ScanResult) -> None:
         """Say once per name what was skipped, and once per change which model directories
@@ -304,7 +290,7 @@ class ModelRepository:
                     logger.info(
                         "model %s version %d changed on disk: trying it again", name, version
                     )
-                    entry.state, entry.reason = State.AVAILABLE, ""
+                    entry.retry()
                 elif entry.state is State.READY and now and now != entry.changed_files:
                     # Versions are immutable (an export publishes a new one): files of a served
                     # version rewritten in place are not reloaded, the copy verified at load
@@ -325,11 +311,12 @@ class ModelRepository:
                 entry.on_disk = entry.version in on_disk
 
     def _refresh_policy(self, record: ModelRecord) -> None:
-        try:
-            from_file = read_policy_file(self.root / record.name)
-        except PolicyError as exc:
+        """The policy in force from the flags and the serving.json read with the last scan."""
+        from_file = self._policy_files.get(record.name)
+        if isinstance(from_file, PolicyError):
+            exc = from_file
             if not self._started:
-                raise LoadError(str(exc), "other") from None
+                raise StartupError(str(exc)) from None
             if str(exc) != record.policy_problem:
                 logger.error("%s; keeping version policy %s", exc, record.policy)
             record.policy_problem = str(exc)
@@ -353,7 +340,7 @@ class ModelRepository:
                 self.metrics.clear_model_info(record.name)
 
     def _start_load(self, record: ModelRecord, entry: VersionRecord) -> asyncio.Task[bool]:
-        entry.state = State.LOADING
+        entry.start_loading()
         task = asyncio.get_running_loop().create_task(
             self._load(record, entry), name=f"load-{record.name}:{entry.version}"
         )
@@ -365,7 +352,7 @@ class ModelRepository:
             # would stay LOADING and every later wait for it raise CancelledError.
             if self._loads.get(record.name, (None, None))[1] is done:
                 del self._loads[record.name]
-                entry.state = State.AVAILABLE
+                entry.abandon_load()
 
         task.add_done_callback(ended)
         return task
@@ -376,18 +363,17 @@ class ModelRepository:
         from textserve.service.engine.runtime import DeviceUnavailableError
 
         name, version = record.name, entry.version
-        loop = asyncio.get_running_loop()
         try:
             # Taken before loading: files that change during the load differ at the next scan.
-            entry.loaded_files = await loop.run_in_executor(None, fingerprint, entry.path)
+            entry.loaded_files = await asyncio.to_thread(fingerprint, entry.path)
             entry.changed_files = ()
-            handle = await loop.run_in_executor(None, self._load_blocking, entry.path)
+            handle = await asyncio.to_thread(self._load_blocking, entry.path)
             handle.start()
         except LoadError as exc:
             self._refuse(record, entry, str(exc), exc.reason)
             return False
         except DeviceUnavailableError:
-            entry.state = State.AVAILABLE  # at startup: the configuration's error, not this one's
+            entry.abandon_load()  # at startup: the configuration's error, not this one's
             raise
         except Exception as exc:
             # A check nobody foresaw failed: still this version's problem, never the server's.
@@ -395,12 +381,12 @@ class ModelRepository:
             self._refuse(record, entry, f"unexpected {type(exc).__name__}: {exc}", "other")
             return False
         except BaseException:
-            entry.state = State.AVAILABLE  # cancelled (shutdown) or a configuration error
+            entry.abandon_load()  # cancelled (shutdown) or a configuration error
             raise
         finally:
             if self._loads.get(name, (None,))[0] == version:
                 del self._loads[name]
-        entry.handle, entry.state, entry.reason = handle, State.READY, ""
+        entry.loaded(handle)
         logger.info(
             "model %s version %d ready on %s (labels %s, max_length %d)",
             name, version, handle.provider, ", ".join(handle.labels), handle.max_length,
@@ -414,14 +400,14 @@ class ModelRepository:
         from textserve.service.engine.runtime import DeviceUnavailableError
 
         try:
-            return load_version_dir(path, self.config, metrics=self.metrics)
+            return self._load_version(path)
         except DeviceUnavailableError as exc:
             if not self._started:
                 raise  # at startup: a configuration error with its own message
             raise LoadError(str(exc), "session_error") from None
 
     def _refuse(self, record: ModelRecord, entry: VersionRecord, reason: str, label: str) -> None:
-        entry.state, entry.reason = State.FAILED, reason
+        entry.refuse(reason)
         serving = record.ready()
         logger.error(
             "model %s version %d refused (%s): %s%s",
@@ -433,7 +419,7 @@ class ModelRepository:
 
     def _retire(self, record: ModelRecord, entry: VersionRecord) -> None:
         """Stop handing `entry` out (same loop step), then drain it in the background."""
-        entry.state = State.UNLOADING
+        entry.retire()
         self._update_info(record)
         key = (record.name, entry.version)
         logger.info("model %s version %d retired; draining", *key)
@@ -446,9 +432,9 @@ class ModelRepository:
             if entry.handle is not None:
                 await entry.handle.drain(self.config.grace_period)
         finally:
-            entry.handle = None
             if entry.state is State.UNLOADING:
-                entry.state = State.AVAILABLE
+                entry.released()
+            entry.handle = None
             self._drains.pop((record.name, entry.version), None)
             logger.info("model %s version %d unloaded", record.name, entry.version)
             self._forget_removed(record)
@@ -479,13 +465,11 @@ class ModelRepository:
                 record.excluded.discard(version)
                 record.pinned.add(version)
                 if entry.state is State.FAILED:
-                    entry.state = State.AVAILABLE  # asked for by hand: try it again
+                    entry.retry()  # asked for by hand: try it again
             else:
                 record.disabled = False
                 record.excluded.clear()
-                for entry in record.versions.values():
-                    if entry.state is State.FAILED:
-                        entry.state = State.AVAILABLE
+                record.retry_failed()
         events = await self._converge({name}, rescan=False)
         if version and record.versions[version].state is not State.READY:
             record.pinned.discard(version)
@@ -616,4 +600,4 @@ class ModelRepository:
         for record in self.models.values():
             for entry in record.versions.values():
                 if entry.handle is not None:
-                    entry.handle, entry.state = None, State.AVAILABLE
+                    entry.closed()

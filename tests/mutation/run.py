@@ -48,9 +48,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "interceptors": (["service/servicers/interceptors.py"], [U + "test_security.py"]),
     "repository": (
-        [f"service/repository/{m}.py" for m in ("core", "loader", "scan")],
+        [f"service/repository/{m}.py" for m in ("core", "records", "loader", "scan")],
         [
             U + "test_repository.py",
+            U + "test_repository_records.py",
             U + "test_reload.py",
             U + "test_untrusted_repository.py",
             U + "test_version_policy.py",

@@ -26,7 +26,7 @@ from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, sha256_file
 from textserve.service.config import RuntimeConfig
 from textserve.service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
 from textserve.service.metrics import Metrics
-from textserve.service.repository.core import LoadError, ModelRepository, ReloadEvent, State
+from textserve.service.repository.core import ModelRepository, ReloadEvent, StartupError, State
 from textserve.service.repository.policy import parse_policies
 from textserve.service.repository.watcher import RepositoryWatcher
 
@@ -310,7 +310,7 @@ def test_serving_json_pins_a_version_and_a_bad_one_keeps_the_policy(tmp_path: Pa
 def test_a_bad_serving_json_is_a_startup_error(tmp_path: Path) -> None:
     make_version(tmp_path, "m", 1)
     (tmp_path / "m" / "serving.json").write_text("[]")
-    with pytest.raises(LoadError, match="must be a JSON object"):
+    with pytest.raises(StartupError, match="must be a JSON object"):
         run(tmp_path, drained)
 
 

@@ -17,7 +17,7 @@ from textserve.service.config import RuntimeConfig, ServerConfig
 from textserve.service.engine.subbatches import softmax
 from textserve.service.errors import ModelNotFoundError, NotReadyError, ValidationError
 from textserve.service.metrics import Metrics
-from textserve.service.repository.core import LoadError, ModelRepository, State, scan
+from textserve.service.repository.core import ModelRepository, StartupError, State, scan
 from textserve.tokenization import pad
 
 
@@ -29,7 +29,7 @@ def with_repository(
     metrics = Metrics(CollectorRegistry())
 
     async def main() -> Any:
-        repository = ModelRepository(config, metrics)
+        repository = ModelRepository.from_server(config, metrics)
         try:
             await repository.load_all()
             return await body(repository)
@@ -89,20 +89,20 @@ def test_refuses_a_manifest_for_another_place(tmp_path: Path) -> None:
     data = json.loads((path / "manifest.json").read_text())
     data["version"] = 5
     (path / "manifest.json").write_text(json.dumps(data))
-    with pytest.raises(LoadError, match="says m version 5"):
+    with pytest.raises(StartupError, match="says m version 5"):
         with_repository(tmp_path, nothing)
 
 
 def test_nothing_to_serve_is_a_startup_error(tmp_path: Path) -> None:
-    with pytest.raises(LoadError, match="no model versions"):
+    with pytest.raises(StartupError, match="no model versions"):
         with_repository(tmp_path, nothing)
-    with pytest.raises(LoadError, match="not a directory"):
+    with pytest.raises(StartupError, match="not a directory"):
         with_repository(tmp_path / "missing", nothing)
 
 
 def test_named_default_model_must_exist(tmp_path: Path) -> None:
     make_version(tmp_path, "a", 1)
-    with pytest.raises(LoadError, match="--model 'b' is not in"):
+    with pytest.raises(StartupError, match="--model 'b' is not in"):
         with_repository(tmp_path, nothing, model="b")
 
 
@@ -203,7 +203,9 @@ def test_a_request_before_startup_has_loaded_is_unavailable_not_not_found(tmp_pa
     # that restarts): it must get UNAVAILABLE (NotReadyError), which clients retry, not
     # NOT_FOUND for the model that is loading.
     make_version(tmp_path, "m", 1)
-    repository = ModelRepository(ServerConfig(repository=tmp_path), Metrics(CollectorRegistry()))
+    repository = ModelRepository.from_server(
+        ServerConfig(repository=tmp_path), Metrics(CollectorRegistry())
+    )
     for name in (None, "m"):
         with pytest.raises(NotReadyError, match="starting"):
             repository.get(name)

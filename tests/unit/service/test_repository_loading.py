@@ -34,6 +34,7 @@ from textserve.service.errors import LoadFailedError, NotReadyError
 from textserve.service.metrics import Metrics
 from textserve.service.repository import core
 from textserve.service.repository.core import ModelRepository, ReloadEvent, State
+from textserve.service.repository.records import VersionRecord
 
 LOGGER = "textserve.service.repository.core"
 
@@ -161,7 +162,7 @@ def test_a_missing_device_at_startup_is_a_configuration_error_not_the_versions(
     make_version(tmp_path, "m", 1)
     config = repository_config(tmp_path, runtime=RuntimeConfig(device="cuda", intra_op_threads=1))
     metrics = Metrics(CollectorRegistry())
-    repository = ModelRepository(config, metrics)
+    repository = ModelRepository.from_server(config, metrics)
 
     async def main() -> None:
         try:
@@ -204,19 +205,19 @@ def test_a_load_cancelled_before_it_began_is_tried_again_at_the_next_reconcile(
     """The reconcile is cancelled in the very loop step that starts the load (an admin
     client's deadline can land there): the load task never runs a line of its own."""
     make_version(tmp_path, "m", 1)
-    real = core.read_policy_file  # read by each decision, just before it starts a load
+    real = VersionRecord.start_loading  # in the decision's step that starts the load task
     armed = False
 
-    def read(model_dir: Path) -> Any:
+    def start_loading(entry: VersionRecord) -> None:
         nonlocal armed
         if armed:
             armed = False
             task = asyncio.current_task()
             assert task is not None
             task.cancel()  # takes effect at the reconcile's next await: its wait for the load
-        return real(model_dir)
+        real(entry)
 
-    monkeypatch.setattr(core, "read_policy_file", read)
+    monkeypatch.setattr(VersionRecord, "start_loading", start_loading)
 
     async def body(repository: ModelRepository) -> None:
         nonlocal armed
@@ -374,7 +375,7 @@ def test_get_names_the_state_and_reason_of_a_version_that_does_not_serve(tmp_pat
     break_checksum(make_version(tmp_path, "m", 3))
     # startup's loads not done: retryable, not NOT_FOUND
     with pytest.raises(NotReadyError) as raised:
-        ModelRepository(repository_config(tmp_path)).get()
+        ModelRepository.from_server(repository_config(tmp_path)).get()
     assert str(raised.value) == "the server is starting: its models are loading; retry shortly"
 
     async def body(repository: ModelRepository) -> None:

@@ -30,14 +30,14 @@ from tests.unit.service.test_repository import nothing
 from textserve.artifact import MODEL_FILE
 from textserve.service.errors import ModelNotFoundError, NotReadyError
 from textserve.service.repository import core
-from textserve.service.repository.core import LoadError, ModelRepository, ReloadEvent
+from textserve.service.repository.core import ModelRepository, ReloadEvent, StartupError
 
 LOGGER = "textserve.service.repository.core"
 CPU = "CPUExecutionProvider"
 
 
 def startup_error(root: Path, **overrides: Any) -> str:
-    with pytest.raises(LoadError) as caught:
+    with pytest.raises(StartupError) as caught:
         run(root, nothing, **overrides)
     return str(caught.value)
 
@@ -175,7 +175,7 @@ def test_a_model_removed_while_the_server_starts_is_shown_without_versions_then_
     monkeypatch.setattr(core, "load_version_dir", load)
 
     async def main() -> None:
-        repository = ModelRepository(repository_config(tmp_path))
+        repository = ModelRepository.from_server(repository_config(tmp_path))
         startup = asyncio.create_task(repository.load_all())
         try:
             await asyncio.to_thread(loading.wait, 30)
