@@ -6,7 +6,8 @@
 
 Every check raises `CheckFailed` naming the check and the figure that broke it. Inference here
 follows the serving path exactly: `textserve.tokenization` (the one tokenization) and an
-onnxruntime session with ORT_ENABLE_ALL and the contract's disabled optimizers, as the server.
+onnxruntime session made by `textserve.onnx_contract`, as the server's; the graph contract is
+its check_graph too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -22,9 +22,10 @@ import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
-from textserve.artifact import INPUT_NAMES, OUTPUT_NAME, disabled_optimizers
+from textserve.artifact import INPUT_NAMES, OUTPUT_NAME
 from textserve.export.errors import CheckFailed
 from textserve.export.options import MIN_OPSET
+from textserve.onnx_contract import GraphContractError, check_graph, inference_session
 from textserve.tokenization import encode_batch
 
 PARITY_BATCH_SIZES = (1, 7, 64)
@@ -57,20 +58,10 @@ def make_session(
     onnx_path: Path | str, *, threads: int | None = None, providers: Sequence[str] | None = None
 ) -> ort.InferenceSession:
     """A session as the server builds it (ORT_ENABLE_ALL), so parity covers its online fusions."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    options.log_severity_level = 3  # warnings about unused initializers etc. are noise here
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the server
-    requested = list(providers or ["CPUExecutionProvider"])
-    return ort.InferenceSession(
-        str(onnx_path),
-        options,
-        providers=requested,
-        disabled_optimizers=disabled_optimizers(requested),  # as the server
+    session: ort.InferenceSession = inference_session(
+        str(onnx_path), list(providers or ["CPUExecutionProvider"]), intra_op_threads=threads
     )
+    return session
 
 
 def check_model(onnx_path: Path | str, *, num_labels: int | None = None) -> int:
@@ -87,45 +78,11 @@ def check_model(onnx_path: Path | str, *, num_labels: int | None = None) -> int:
         raise CheckFailed(
             "graph contract", f"opset {opset} < {MIN_OPSET}", figure=opset, limit=MIN_OPSET
         )
-    inputs = [(i.name, i.type.tensor_type) for i in model.graph.input]
-    if [name for name, _ in inputs] != list(INPUT_NAMES):
-        raise CheckFailed(
-            "graph contract", f"inputs are {[n for n, _ in inputs]}, expected {list(INPUT_NAMES)}"
-        )
-    for name, tensor in inputs:
-        _check_tensor(name, tensor, onnx.TensorProto.INT64, ("batch", "sequence"))
-    outputs = [(o.name, o.type.tensor_type) for o in model.graph.output]
-    if [name for name, _ in outputs] != [OUTPUT_NAME]:
-        raise CheckFailed(
-            "graph contract", f"outputs are {[n for n, _ in outputs]}, expected ['{OUTPUT_NAME}']"
-        )
-    _check_tensor(OUTPUT_NAME, outputs[0][1], onnx.TensorProto.FLOAT, ("batch", num_labels))
+    try:
+        check_graph(model, num_labels=num_labels, strict=True)
+    except GraphContractError as exc:
+        raise CheckFailed("graph contract", str(exc)) from None
     return int(opset)
-
-
-def _check_tensor(
-    name: str, tensor: Any, elem_type: int, dims: tuple[str | int | None, ...]
-) -> None:
-    if tensor.elem_type != elem_type:
-        got, want = (
-            onnx.TensorProto.DataType.Name(tensor.elem_type),
-            onnx.TensorProto.DataType.Name(elem_type),
-        )
-        raise CheckFailed("graph contract", f"{name} is {got}, expected {want}")
-    shape = tensor.shape.dim
-    if len(shape) != len(dims):
-        raise CheckFailed("graph contract", f"{name} has rank {len(shape)}, expected {len(dims)}")
-    for axis, (dim, want_dim) in enumerate(zip(shape, dims, strict=True)):
-        if isinstance(want_dim, str) and not dim.dim_param:
-            # A fixed size here means the exporter baked the example shape into the graph.
-            raise CheckFailed(
-                "graph contract",
-                f"{name} axis {axis} ({want_dim}) is fixed at {dim.dim_value}, not dynamic",
-            )
-        if isinstance(want_dim, int) and dim.dim_value != want_dim:
-            raise CheckFailed(
-                "graph contract", f"{name} axis {axis} is {dim.dim_value}, expected {want_dim}"
-            )
 
 
 def parity_inputs(

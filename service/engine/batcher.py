@@ -1,16 +1,15 @@
-"""Dynamic batching: a per-model queue of items, grouped by length into batches run off the loop.
+"""Dynamic batching, the asyncio driver: futures, timers and the inference thread around a queue.
 
 Imports neither grpc nor onnxruntime. `Batcher` takes a plain callable
 `run_batch(payloads) -> np.ndarray` (one output row per payload) and runs it on an executor
 thread, so it is tested with fakes in microseconds and with onnxruntime in integration. A
-`run_batch` that does more than one model run per batch (ModelHandle tokenizes the batch and runs
-it as length-sorted sub-batches) returns a `BatchOutput` instead: the rows, the runs it made (for
-the batch metrics) and the rows that failed (their requests fail with that error).
+`run_batch` that does more than one model run per batch (inference.TextRunner tokenizes the batch
+and runs it as length-sorted sub-batches) returns a `BatchOutput` instead: the rows, the runs it
+made (for the batch metrics) and the rows that failed (their requests fail with that error).
 
-Batch formation (docs/architecture.md): the oldest waiting item anchors the batch, so no item
-starves; the batch is filled from the anchor's length bucket outwards (nearest lengths first)
-while it holds fewer than `max_batch_size` items, `items x longest` stays within
-`max_batch_tokens` and, once it has `min_fill` items, padding stays under `max_padding_ratio`.
+Which items form a batch, and when it is due, is the pure policy of queue.BatchQueue (length
+buckets, the oldest item as anchor, the size, token and padding limits); this module only
+drives it.
 
 A free worker starts a batch when it is full or when its oldest item has waited
 `max_queue_delay` for it to fill. With the default delay of 0 a batch starts as soon as a worker
@@ -21,7 +20,7 @@ inference. The queue is bounded: a request that does not fit is refused at once.
 
 Threads: the event loop queues items and hands results back; the executor thread runs batches
 back to back. When a batch finishes, the thread itself takes the next one that is due (under
-`_lock`, the one lock of the queue) and posts the finished batch's results to the loop, so the
+`_lock`, the one lock of the BatchQueue) and posts the finished batch's results to the loop, so the
 model never waits for the loop. Measured before this (default model, 2 cores, 128 callers): the
 loop, busy with gRPC, took ~10 ms to come back for the next batch after each ~35 ms batch, and
 the inference thread idled 22% of the time with work queued (27% at 16 callers). Only the loop
@@ -36,15 +35,23 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from textserve.service.config import BatcherConfig
+from textserve.service.engine.batches import (
+    BatchObserver,
+    BatchOutput,
+    BatchResult,
+    BatchStats,
+    BatchTrace,
+    NullObserver,
+    RunStats,
+)
+from textserve.service.engine.queue import BatchQueue, QueueItem
 from textserve.service.errors import (
     DeadlineExceededError,
     InternalError,
@@ -54,94 +61,7 @@ from textserve.service.errors import (
 
 logger = logging.getLogger(__name__)
 
-P = TypeVar("P")  # a payload: whatever run_batch needs per item (token ids, for the model)
-
-BUCKET_WIDTH = 8  # tokens per length bucket: items this close in length pad each other cheaply
-
-
-class BatchObserver(Protocol):
-    """Hooks for metrics; called on the event loop. Implementations must be cheap."""
-
-    def on_batch(
-        self, size: int, padded_tokens: int, padding_ratio: float, seconds: float
-    ) -> None: ...
-
-    def on_queue_waits(self, waits: Sequence[float]) -> None: ...
-
-    def on_queue_depth(self, depth: int) -> None: ...
-
-    def on_inflight(self, texts: int) -> None: ...
-
-
-class BatchTrace(Protocol):
-    """A traced request's handle on its trace (service/tracing.py's RequestTrace): the engine
-    reports each batch that carried traced requests to one of them, with all of them."""
-
-    def on_batch(
-        self,
-        traces: Sequence[BatchTrace],
-        started_ago: float,
-        seconds: float,
-        runs: Sequence[RunStats],
-        attributes: Mapping[str, str | int],
-    ) -> None: ...
-
-
-class NullObserver:
-    def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
-        pass
-
-    def on_queue_waits(self, waits: Sequence[float]) -> None:
-        pass
-
-    def on_queue_depth(self, depth: int) -> None:
-        pass
-
-    def on_inflight(self, texts: int) -> None:
-        pass
-
-
-@dataclass
-class BatchStats:
-    """Counters since the batcher started (read by GetModel and tests)."""
-
-    batches: int = 0  # model runs (a batch that run_batch splits into runs counts each run)
-    items: int = 0  # items that reached the model
-    max_batch_size_seen: int = 0
-    dropped_deadline: int = 0
-    dropped_cancelled: int = 0
-    rejected_overloaded: int = 0  # requests refused because the queue was full
-    padded_tokens: int = 0
-    padding_tokens: int = 0
-    queue_depth: int = 0
-
-    @property
-    def mean_batch_size(self) -> float:
-        return self.items / self.batches if self.batches else 0.0
-
-
-class RunStats(NamedTuple):
-    """One model run inside a batch, as `run_batch` reports it (see BatchOutput)."""
-
-    size: int  # items in the run
-    padded_tokens: int  # items x the run's padded length
-    real_tokens: int  # tokens of the items themselves (the rest is padding)
-    seconds: float  # the run's duration
-
-
-class BatchOutput(NamedTuple):
-    """What a `run_batch` that does more than run the model once returns."""
-
-    outputs: np.ndarray  # (n, ...) one row per payload (rows in `errors` may hold anything)
-    runs: Sequence[RunStats] | None = None  # the model runs it made; None: the batch, once
-    errors: Mapping[int, Exception] | None = None  # row -> why it failed (its request fails)
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    outputs: np.ndarray  # (n, ...) one row per submitted payload, in submission order
-    queue_seconds: float  # longest wait of any of the request's items before its batch started
-    inference_seconds: float  # summed run time of the batches that carried the request's items
+P = TypeVar("P")  # a payload: whatever run_batch needs per item (texts, for the model)
 
 
 class _Request:
@@ -183,12 +103,12 @@ class _Request:
         self.last_batch = -1
         self.trace = trace
 
+    def answered(self) -> bool:
+        """Cancelled, expired or failed (read by the inference thread too: done() is safe)."""
+        return self.future.done()
 
-class _Item(NamedTuple):
-    request: _Request
-    row: int  # row in the request's outputs
-    length: int  # tokens
-    payload: Any
+
+_Item = QueueItem[_Request]
 
 
 class Batcher(Generic[P]):
@@ -226,10 +146,10 @@ class Batcher(Generic[P]):
         self._workers_n = workers
         self._observer = observer or NullObserver()
         self._clock = clock
-        self._buckets: dict[int, deque[_Item]] = {}
-        self._count = 0  # items in buckets (dead ones included until popped)
+        # Guarded by _lock: the loop adds and takes items, the executor thread takes the next
+        # batch itself (see _chain).
+        self._queue: BatchQueue[_Request] = BatchQueue(config, name)
         self._inflight = 0  # items of requests submitted and not yet answered (the scaling signal)
-        self._queued_tokens = 0
         self._seq = 0
         self._batch_seq = 0
         self._running_batches = 0
@@ -240,9 +160,7 @@ class Batcher(Generic[P]):
         self._resumed: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        # Guards the queue (_buckets, _count, _queued_tokens) between the loop, which adds and
-        # takes items, and the executor thread, which takes the next batch itself (see _chain).
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the queue's, between the loop and the executor thread
         self._stopping = False  # set when the workers are cancelled: chains take no more
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -284,7 +202,7 @@ class Batcher(Generic[P]):
                 await asyncio.wait_for(self._wait_idle(), timeout)
             except TimeoutError:
                 logger.warning(
-                    "%s: %d queued texts left after the grace period", self.name, self._count
+                    "%s: %d queued texts left after the grace period", self.name, len(self._queue)
                 )
         self._stopping = True  # before the workers are cancelled: no chain takes a batch after
         for task in self._tasks:
@@ -300,26 +218,18 @@ class Batcher(Generic[P]):
 
     async def _wait_idle(self) -> None:
         assert self._idle is not None
-        while self._count or self._running_batches:
+        while self._queue or self._running_batches:
             self._idle.clear()
             await self._idle.wait()
 
     # -- submitting --------------------------------------------------------------------------
 
     def _check_room(self, n: int) -> None:
-        limit = self.config.max_queue_size
-        waiting = self._count
-        if waiting + n > limit:
+        try:
+            self._queue.check_room(n)
+        except OverloadedError:
             self.stats.rejected_overloaded += 1
-            if n > limit:
-                raise OverloadedError(
-                    f"{n} texts can never fit model {self.name!r}'s queue of {limit}; "
-                    "send fewer texts per request"
-                )
-            raise OverloadedError(
-                f"model {self.name!r} is overloaded: {waiting} texts queued (limit {limit}); "
-                "retry later"
-            )
+            raise
 
     async def submit(
         self,
@@ -395,18 +305,9 @@ class Batcher(Generic[P]):
         loop = asyncio.get_running_loop()
         self._seq += 1
         request = _Request(n, loop.create_future(), now, self._seq, trace)
-        buckets = self._buckets
         with self._lock:
-            for index in range(n):
-                length = lengths[index]
-                key = (length - 1) // BUCKET_WIDTH
-                bucket = buckets.get(key)
-                if bucket is None:
-                    bucket = buckets[key] = deque()
-                bucket.append(_Item(request, index, length, payloads[index]))
-                self._queued_tokens += length
-            self._count += n
-        self._observer.on_queue_depth(self._count)
+            self._queue.add(request, payloads, lengths)
+        self._observer.on_queue_depth(len(self._queue))
         self._inflight += n
         self._observer.on_inflight(self._inflight)
         self._wake()
@@ -442,7 +343,7 @@ class Batcher(Generic[P]):
             await self._wait_for_batch()
             with self._lock:
                 batch = self._take_batch(self._clock(), self._expire)
-            self._observer.on_queue_depth(self._count)
+            self._observer.on_queue_depth(len(self._queue))
             if not batch:
                 self._notify_idle()
                 continue
@@ -454,7 +355,7 @@ class Batcher(Generic[P]):
                 self._notify_idle()
 
     def _notify_idle(self) -> None:
-        if self._idle is not None and not self._count and not self._running_batches:
+        if self._idle is not None and not self._queue and not self._running_batches:
             self._idle.set()
 
     async def _wait_for_batch(self) -> None:
@@ -466,7 +367,7 @@ class Batcher(Generic[P]):
                 await resumed.wait()
                 continue
             with self._lock:  # another worker's thread may be taking items, even the last
-                wait = self._time_to_batch(self._clock())
+                wait = self._queue.time_to_batch(self._clock(), flushing=self._flushing)
             if wait is None:
                 wakeup.clear()
                 await wakeup.wait()
@@ -481,77 +382,25 @@ class Batcher(Generic[P]):
             finally:
                 timer.cancel()
 
-    def _time_to_batch(self, now: float) -> float | None:
-        """Seconds until a batch is due (<= 0: now): when it is full or flushing, else when its
-        oldest item has waited max_queue_delay; None when nothing is queued. Call with _lock."""
-        if not self._count:
-            return None
-        config = self.config
-        if (
-            self._flushing
-            or self._count >= config.max_batch_size
-            or self._queued_tokens >= config.max_batch_tokens
-        ):
-            return 0.0
-        oldest = min(bucket[0].request.enqueued for bucket in self._buckets.values())
-        return oldest + config.max_queue_delay - now
-
     def _due(self, now: float) -> bool:
         """Whether the executor thread should start a batch now (see _wait_for_batch)."""
         if self._stopping or not (self._resumed is not None and self._resumed.is_set()):
             return False
-        wait = self._time_to_batch(now)
+        wait = self._queue.time_to_batch(now, flushing=self._flushing)
         return wait is not None and wait <= 0
 
     def _take_batch(self, now: float, expire: Callable[[_Request], None]) -> list[_Item]:
-        """Pop the next batch: anchored on the oldest item, filled with the nearest lengths.
-        Call with _lock held; `expire` fails a request whose deadline passed."""
-        if not self._buckets:
-            return []
-        buckets = self._buckets
-        anchor = min(buckets, key=lambda k: buckets[k][0].request.seq)
-        # nearest buckets first; at equal distance the shorter one, which cannot raise the
-        # batch's padded width as much
-        keys = sorted(buckets, key=lambda k: (abs(k - anchor), k))
-        config = self.config
-        max_items, max_tokens = config.max_batch_size, config.max_batch_tokens
-        max_padding, min_fill = config.max_padding_ratio, config.min_fill
-        batch: list[_Item] = []
-        longest = real = 0
-        for key in keys:
-            bucket = buckets[key]
-            while bucket and len(batch) < max_items:
-                item = bucket[0]
-                request = item.request
-                if request.future.done():  # cancelled, expired or failed: drop before inference
-                    self._pop(bucket, item)
-                    self._count_drop(request)
-                    continue
-                if request.deadline is not None and request.deadline <= now:
-                    self._pop(bucket, item)
-                    expire(request)
-                    self.stats.dropped_deadline += 1
-                    continue
-                width = max(longest, item.length)
-                padded = (len(batch) + 1) * width
-                if batch and padded > max_tokens:
-                    break
-                if len(batch) >= min_fill and real + item.length < (1 - max_padding) * padded:
-                    break  # too much padding: this bucket waits for a batch of its own
-                self._pop(bucket, item)
-                batch.append(item)
-                longest = width
-                real += item.length
-            if not bucket:
-                del buckets[key]
-            if len(batch) >= max_items:
-                break
-        return batch
+        """Pop the next batch (BatchQueue.take). Call with _lock held; `expire` fails a request
+        whose deadline passed in the queue."""
 
-    def _pop(self, bucket: deque[_Item], item: _Item) -> None:
-        bucket.popleft()
-        self._count -= 1
-        self._queued_tokens -= item.length
+        def drop(request: _Request, expired: bool) -> None:
+            if expired:
+                expire(request)
+                self.stats.dropped_deadline += 1
+            else:
+                self._count_drop(request)
+
+        return self._queue.take(now, drop)
 
     def _count_drop(self, request: _Request) -> None:
         future = request.future
@@ -616,7 +465,7 @@ class Batcher(Generic[P]):
         finished: float,
     ) -> None:
         """On the loop: hand a finished batch's rows to its callers and count it."""
-        self._observer.on_queue_depth(self._count)
+        self._observer.on_queue_depth(len(self._queue))
         self._batch_seq += 1
         batch_id = self._batch_seq
         if failure is None and result is not None:
@@ -698,20 +547,18 @@ class Batcher(Generic[P]):
     def _pop_all(self) -> int:
         left = 0
         with self._lock:
-            for bucket in self._buckets.values():
-                for item in bucket:
-                    if not item.request.future.done():
-                        left += 1
-                        item.request.future.set_exception(
-                            NotReadyError(f"model {self.name!r} shut down before this request ran")
-                        )
-            self._buckets.clear()
-            self._count = self._queued_tokens = 0
+            items = self._queue.clear()
+        for item in items:
+            if not item.request.future.done():
+                left += 1
+                item.request.future.set_exception(
+                    NotReadyError(f"model {self.name!r} shut down before this request ran")
+                )
         self._observer.on_queue_depth(0)
         return left
 
     def snapshot(self) -> BatchStats:
         """A copy of the statistics with the current queue depth."""
         stats = BatchStats(**{k: getattr(self.stats, k) for k in BatchStats.__dataclass_fields__})
-        stats.queue_depth = self._count
+        stats.queue_depth = len(self._queue)
         return stats

@@ -1,45 +1,33 @@
-"""A loaded model version: tokenizer + onnxruntime session + batcher behind `await classify()`.
+"""A loaded model version behind `await classify()`: validate → submit → result, and drain.
 
-This is the core API both front ends (textserve.v1 and the Open Inference Protocol) call; see
-docs/architecture.md. Tokenization follows the contract exactly: ids cut to max_length, [UNK]
-for a text with no tokens, [PAD] to the longest in the batch, mask 1 on real tokens.
-
-A request's texts go into the batcher as they are; the inference worker tokenizes a whole batch,
-sorts it by token length and runs it as one or more sub-batches (a split wherever the padding it
-saves costs more than one more onnxruntime run), so a request costs one thread hop, not two, and
-a batch of mixed lengths pads little. The batcher groups texts by an estimate of their token
-count from their length in characters (the characters per token seen so far).
+This is the core API every front end (textserve.v1, the Open Inference Protocol) calls; see
+docs/architecture.md. The handle validates a request's texts and submits them as they are to
+its batcher, whose batch function, inference.TextRunner, tokenizes and runs whole batches on
+the inference thread (one thread hop per request); the handle turns the rows that come back
+into a ClassifyResult. The batcher groups texts by an estimate of their token count from their
+length in characters (the characters per token the runner has seen so far).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from textserve.artifact import Manifest
 from textserve.service.config import BatcherConfig
-from textserve.service.engine.batcher import (
-    Batcher,
-    BatchOutput,
-    BatchResult,
-    BatchStats,
-    BatchTrace,
-    RunStats,
+from textserve.service.engine.batcher import Batcher
+from textserve.service.engine.batches import BatchResult, BatchStats, BatchTrace
+from textserve.service.engine.inference import (
+    ModelCheckError as ModelCheckError,  # re-exported: the repository's loader catches it
 )
-from textserve.service.engine.subbatches import (
-    RUN_COST_TOKENS,
-    RUN_COST_TOKENS_OTHER,
-    softmax,
-    split_runs,
-)
+from textserve.service.engine.inference import TextItem, TextRunner
 from textserve.service.errors import ValidationError
 from textserve.tokenization import Tokenization
 
@@ -57,27 +45,6 @@ logger = logging.getLogger(__name__)
 # (BPE, English); a text needs over 32 characters per token (long runs of whitespace, control or
 # other characters the normalizer drops) before the cut changes what the model sees.
 MAX_CHARS_PER_TOKEN = 32
-# Run through tokenizer and model at warm-up: a tokenizer whose ids the model does not know
-# fails here, before the version serves, not on the first request.
-WARMUP_TEXT = "The quick brown fox jumps over the lazy dog. A gripping, beautifully acted film!"
-
-
-class ModelCheckError(ValueError):
-    """The model does not fit its tokenizer or manifest; `reason` is a load-failure label
-    (textserve.service.metrics.LOAD_FAILURE_REASONS)."""
-
-    def __init__(self, message: str, reason: str = "contract_mismatch") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class _Text(NamedTuple):
-    """One text in the batcher's queue (the payload ModelHandle gives it)."""
-
-    text: str
-    truncate: bool
-    position: int  # in its request, for error messages
-    request: object  # the same object for every text of a request
 
 
 @dataclass(frozen=True)
@@ -119,33 +86,27 @@ class ModelHandle:
         self.max_length = manifest.max_length
         self.provider = session.provider
         self.max_texts_per_request = max_texts_per_request
-        self._session = session
-        # THE tokenization (textserve.tokenization): a tokenizer without [UNK] is refused here
-        self._tokenization = Tokenization(tokenizer, manifest.max_length, manifest.pad_token_id)
-        self._metrics = metrics
-        self._observer = None if metrics is None else metrics.for_model(self.name)
-        self._run_cost = RUN_COST_TOKENS.get(session.provider, RUN_COST_TOKENS_OTHER)
-        # Characters per token seen so far, for the batcher's length estimate (written by the
-        # inference worker, read on the loop: a float, replaced whole).
-        self._chars_per_token = 4.0
-        # One text's result: what _run_texts returns per row and classify() reads back.
-        self._rows = np.dtype(
-            [
-                ("probabilities", np.float32, (len(self.labels),)),
-                ("num_tokens", np.int64),  # tokens the model saw
-                ("full_tokens", np.int64),  # tokens before truncation
-                ("tokenize_seconds", np.float64),  # tokenization of the text's batch
-            ]
+        observer = None if metrics is None else metrics.for_model(self.name)
+        # The batch function. THE tokenization (textserve.tokenization): a tokenizer without
+        # [UNK] is refused here.
+        self.runner = TextRunner(
+            session,
+            Tokenization(tokenizer, manifest.max_length, manifest.pad_token_id),
+            labels=self.labels,
+            max_batch_tokens=batcher_config.max_batch_tokens,
+            name=self.name,
+            version=self.version,
+            observer=observer,
         )
         # Requests that picked this handle and have not finished (tokenizing, queued or running):
         # a retired version is released only once this reaches zero (see drain()).
         self._active = 0
         self._inactive: asyncio.Event | None = None
-        self.batcher: Batcher[_Text] = Batcher(
-            self._run_texts,
+        self.batcher: Batcher[TextItem] = Batcher(
+            self.runner,
             batcher_config,
             workers=inference_workers,
-            observer=self._observer,
+            observer=observer,
             name=f"{self.name}:{self.version}",
             trace_attributes={
                 "textserve.model": self.name,
@@ -163,63 +124,12 @@ class ModelHandle:
     # -- lifecycle (ModelRepository calls these) -----------------------------------------------
 
     def check(self) -> None:
-        """Blocking: raise ModelCheckError unless model.onnx fits its tokenizer and manifest.
-
-        Each check is one tiny run (at load, before any request can reach the version): every
-        id the tokenizer can give must be one the model takes, max_length tokens must be a shape
-        the graph accepts, the logits must be one per label, and the pad id a token of the
-        vocabulary. A version that fails is refused; the one being served goes on."""
-        tokenizer = self._tokenization.tokenizer
-        vocab = tokenizer.get_vocab(with_added_tokens=True)
-        pad_id = self._tokenization.pad_token_id
-        if tokenizer.id_to_token(pad_id) is None:
-            raise ModelCheckError(
-                f"the manifest's pad_token_id {pad_id} is not in the tokenizer's vocabulary "
-                f"({len(vocab)} tokens)"
-            )
-        # Vocabulary vs embedding: the server has no `onnx` package to read the embedding's
-        # size from the graph, so it is checked by behaviour: the tokenizer's largest id must
-        # run and give finite logits. On CPU onnxruntime's Gather refuses an id beyond the
-        # table; a provider that reads out of bounds instead may pass this check, and then the
-        # batch a text with such an id is in still answers its other texts (see _run_texts).
-        largest = max(vocab.values())
-        self._probe(
-            [largest],
-            f"the tokenizer's ids go up to {largest} ({len(vocab)} tokens) but the model "
-            f"cannot take id {largest}: is its embedding smaller than the vocabulary?",
-        )
-        self._probe(
-            [self._tokenization.unk_id] * self.max_length,
-            f"the manifest's max_length is {self.max_length} but the model cannot take "
-            f"{self.max_length} tokens",
-        )
-
-    def _probe(self, ids: list[int], failure: str) -> None:
-        """Run one row of `ids`; ModelCheckError (`failure`, and why) unless it gives one finite
-        logit per label."""
-        row = np.asarray([ids], dtype=np.int64)
-        try:
-            logits = self._session.run(row, np.ones_like(row))
-        except Exception as exc:
-            raise ModelCheckError(f"{failure} (onnxruntime: {exc})") from None
-        if logits.shape != (1, len(self.labels)):
-            raise ModelCheckError(
-                f"model.onnx gives {logits.shape[-1] if logits.ndim else 0} logits but the "
-                f"manifest has {len(self.labels)} labels"
-            )
-        if not np.isfinite(logits).all():
-            raise ModelCheckError(f"{failure} (its logits are not finite: {logits.tolist()})")
+        """Blocking: ModelCheckError unless the model fits its tokenizer and manifest."""
+        self.runner.check()
 
     def warmup(self) -> None:
         """Blocking: run representative shapes through the session (before SERVING)."""
-        # (one logit per label was checked before, by check(): the loader always runs it first)
-        self._session.warmup(
-            self.max_length, self.batcher.config.max_batch_size, self._tokenization.unk_id
-        )
-        output = self._run_texts([_Text(WARMUP_TEXT, True, 0, None)])
-        sample = output.outputs["probabilities"]
-        if sample.shape != (1, len(self.labels)) or not np.isfinite(sample).all():
-            raise ValueError(f"model.onnx gives {sample!r} for a sample text")
+        self.runner.warmup(self.batcher.config.max_batch_size)
 
     def start(self) -> None:
         self.batcher.start()
@@ -247,7 +157,7 @@ class ModelHandle:
                 )  # fmt: skip
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         await self.batcher.close(left)
-        self._session.close()
+        self.runner.session.close()
 
     async def _wait_inactive(self) -> None:
         assert self._inactive is not None
@@ -273,11 +183,14 @@ class ModelHandle:
 
         Raises ValidationError, OverloadedError, DeadlineExceededError, NotReadyError.
         """
+        started = time.perf_counter()
         # Counted before the first await, i.e. in the same loop step as repository.get(): a
         # version retired meanwhile still waits for this request (see drain()).
         self._active += 1
         try:
-            return await self._classify(texts, truncate, deadline, trace)
+            payloads, lengths, cut = self._prepare(texts, truncate)
+            batch = await self.batcher.submit(payloads, lengths, deadline=deadline, trace=trace)
+            return self._result(batch, cut, started)
         finally:
             self._finish_one()
 
@@ -322,21 +235,9 @@ class ModelHandle:
         if not self._active and self._inactive is not None:
             self._inactive.set()
 
-    async def _classify(
-        self,
-        texts: Sequence[str],
-        truncate: bool,
-        deadline: float | None,
-        trace: BatchTrace | None,
-    ) -> ClassifyResult:
-        started = time.perf_counter()
-        payloads, lengths, cut = self._prepare(texts, truncate)
-        result = await self.batcher.submit(payloads, lengths, deadline=deadline, trace=trace)
-        return self._result(result, cut, started)
-
     def _prepare(
         self, texts: Sequence[str], truncate: bool
-    ) -> tuple[list[_Text], list[int], list[int]]:
+    ) -> tuple[list[TextItem], list[int], list[int]]:
         """Validate a request's texts: the batcher's payloads and estimated lengths, and the
         positions of the texts cut by characters (see MAX_CHARS_PER_TOKEN)."""
         self._validate(texts)
@@ -353,10 +254,8 @@ class ModelHandle:
             texts = [text[:max_chars] for text in texts]
         # Tokenized in the batch, by the inference worker: the queue (and its refusal when full,
         # before any tokenizing) sees the texts at once, with their length in tokens estimated.
-        limit, per_token = self.max_length, self._chars_per_token
-        payloads = [_Text(text, truncate, index, texts) for index, text in enumerate(texts)]
-        lengths = [min(limit, int(len(text) / per_token) + 1) for text in texts]
-        return payloads, lengths, cut
+        payloads = [TextItem(text, truncate, index, texts) for index, text in enumerate(texts)]
+        return payloads, self.runner.estimate_lengths(texts), cut
 
     def _result(self, result: BatchResult, cut: list[int], started: float) -> ClassifyResult:
         rows = result.outputs
@@ -395,135 +294,3 @@ class ModelHandle:
                 raise ValidationError(f"texts[{index}] is not a string")
             if not text or text.isspace():
                 raise ValidationError(f"texts[{index}] is empty; every text needs some content")
-
-    # -- executor-side work ----------------------------------------------------------------------
-
-    def _run_texts(self, payloads: list[_Text]) -> BatchOutput:
-        """The batcher's run_batch: tokenize, truncate (or refuse), then run the texts sorted by
-        length as sub-batches (see split_runs). One output row per text (see self._rows)."""
-        started = time.perf_counter()
-        encoded = self._tokenization.full_ids([p.text for p in payloads])
-        limit = self.max_length
-        out = np.zeros(len(payloads), self._rows)
-        full = out["full_tokens"]
-        errors: dict[int, Exception] | None = None
-        keep: list[int] = []  # rows that run
-        chars = tokens = 0
-        for row, (payload, ids) in enumerate(zip(payloads, encoded, strict=True)):
-            n = full[row] = len(ids)
-            chars += len(payload.text)
-            tokens += n
-            if n > limit:
-                if not payload.truncate:
-                    errors = errors or {}
-                    errors[row] = ValidationError(
-                        f"texts[{payload.position}] is {n} tokens long; model {self.name!r} takes "
-                        f"at most {limit} (send truncate=true to cut it, or shorten the text)"
-                    )
-                    continue
-                encoded[row] = ids[:limit]
-            keep.append(row)
-        if errors:  # a refused request's other texts do not run either
-            refused = {id(payloads[row].request) for row in errors}
-            keep = [row for row in keep if id(payloads[row].request) not in refused]
-        if tokens:
-            self._chars_per_token = max(1.0, chars / tokens)
-        keep.sort(key=lambda row: len(encoded[row]))
-        lengths = [len(encoded[row]) for row in keep]
-        out["num_tokens"][keep] = lengths
-        tokenized = time.perf_counter()
-        out["tokenize_seconds"] = tokenized - started
-        if self._observer is not None:
-            self._observer.on_tokenize(tokenized - started)
-        runs: list[RunStats] = []
-        if not keep:  # every text of the batch was refused
-            return BatchOutput(out, runs, errors)
-        # Padded once, sorted by length; each sub-batch is a slice as wide as its longest text.
-        input_ids, attention_mask = self._tokenization.pad([encoded[row] for row in keep])
-        logits = np.empty((len(keep), len(self.labels)), np.float32)
-        failed: dict[int, Exception] = {}  # index in `keep` -> why it failed, run alone
-        for start, end in self._plan_runs(lengths):
-            self._run_range(input_ids, attention_mask, lengths, start, end, logits, runs, failed)
-        if failed:
-            logits[list(failed)] = 0.0  # rows never written: keep softmax off garbage
-            errors = errors or {}
-            errors.update(self._blame(payloads, keep, failed))
-        out["probabilities"][keep] = softmax(logits)
-        return BatchOutput(out, runs, errors)
-
-    def _run_range(
-        self,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray,
-        lengths: list[int],
-        start: int,
-        end: int,
-        logits: np.ndarray,
-        runs: list[RunStats],
-        failed: dict[int, Exception],
-    ) -> None:
-        """Run rows start:end into `logits`; if the run fails, run each half again (down to
-        single rows, recorded in `failed`), so that a text the model cannot take (an id its
-        embedding lacks, a shape its graph refuses) fails alone, not the texts batched with it:
-        2·log2(n) more runs for one bad text among n."""
-        run_started = time.perf_counter()
-        width = lengths[end - 1]
-        try:
-            logits[start:end] = self._session.run(
-                np.ascontiguousarray(input_ids[start:end, :width]),
-                np.ascontiguousarray(attention_mask[start:end, :width]),
-            )
-        except Exception as exc:
-            if end - start == 1:
-                failed[start] = exc
-                return
-            middle = (start + end) // 2
-            for lo, hi in ((start, middle), (middle, end)):
-                self._run_range(input_ids, attention_mask, lengths, lo, hi, logits, runs, failed)
-            return
-        runs.append(
-            RunStats(
-                size=end - start,
-                padded_tokens=(end - start) * width,
-                real_tokens=sum(lengths[start:end]),
-                seconds=time.perf_counter() - run_started,
-            )
-        )
-
-    def _blame(
-        self, payloads: list[_Text], keep: list[int], failed: dict[int, Exception]
-    ) -> dict[int, Exception]:
-        """The errors of the rows that failed even alone: the texts' (INVALID_ARGUMENT) while
-        the model runs others; the model's (raised: the batch fails, INTERNAL) when no text ran
-        and it cannot even run the one-[UNK] row that passed at load (a device fault)."""
-        if len(failed) == len(keep):
-            unk = np.asarray([[self._tokenization.unk_id]], dtype=np.int64)
-            try:
-                self._session.run(unk, np.ones_like(unk))
-            except Exception:
-                raise next(iter(failed.values())) from None
-        errors: dict[int, Exception] = {}
-        for index, exc in failed.items():
-            payload = payloads[keep[index]]
-            logger.warning(
-                "%s:%d: texts[%d] of a request fails alone; refusing it: %s",
-                self.name, self.version, payload.position, exc,
-            )  # fmt: skip
-            errors[keep[index]] = ValidationError(
-                f"texts[{payload.position}]: model {self.name!r} version {self.version} cannot "
-                "take this text (the model fails on it alone; e.g. it holds a token the model "
-                "does not know)"
-            )
-        return errors
-
-    def _plan_runs(self, lengths: list[int]) -> list[tuple[int, int]]:
-        """(start, end) of each sub-batch of `lengths` (ascending): split_runs, then any
-        sub-batch over max_batch_tokens cut into pieces within it (the batcher budgets batches
-        by estimated lengths; this holds every onnxruntime run to the budget in real tokens)."""
-        budget = self.batcher.config.max_batch_tokens
-        plan: list[tuple[int, int]] = []
-        bounds = [0, *split_runs(lengths, self._run_cost), len(lengths)]
-        for start, end in itertools.pairwise(bounds):
-            step = max(1, budget // lengths[end - 1])
-            plan.extend((s, min(end, s + step)) for s in range(start, end, step))
-        return plan

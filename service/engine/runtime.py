@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from textserve.artifact import INPUT_NAMES, OUTPUT_NAME, disabled_optimizers
+from textserve.artifact import INPUT_NAMES, OUTPUT_NAME
+from textserve.onnx_contract import GraphContractError, check_graph, inference_session
 from textserve.service.config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
@@ -103,31 +104,16 @@ def check_granted(device: str, requested: Sequence[str], granted: Sequence[str])
     return granted[0] if granted else CPU
 
 
-def check_contract(model_path: Path, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
-    """ContractError unless the graph takes input_ids and attention_mask as int64 (B, T) and
-    gives logits as float32/float16 (B, num_labels); `inputs`/`outputs` are onnxruntime NodeArgs."""
-    names = [i.name for i in inputs]
-    out_names = [o.name for o in outputs]
-    if sorted(names) != sorted(INPUT_NAMES) or OUTPUT_NAME not in out_names:
-        raise ContractError(
-            f"{model_path} has inputs {names} and outputs {out_names}; the contract is inputs "
-            f"{list(INPUT_NAMES)} and output {OUTPUT_NAME!r}"
-        )
-    wrong = [
-        f"{arg.name} is {arg.type} of rank {len(arg.shape)}"
-        for arg in inputs
-        if arg.type != "tensor(int64)" or len(arg.shape) != 2
-    ] + [
-        f"{arg.name} is {arg.type} of rank {len(arg.shape)}"
-        for arg in outputs
-        if arg.name == OUTPUT_NAME
-        and (arg.type not in ("tensor(float)", "tensor(float16)") or len(arg.shape) != 2)
-    ]
-    if wrong:
-        raise ContractError(
-            f"{model_path}: {'; '.join(wrong)}; the contract is int64 (batch, sequence) inputs "
-            "and a float32 (batch, labels) output"
-        )
+def check_contract(model_path: Path, session: Any, inputs: Sequence[str] = INPUT_NAMES) -> None:
+    """ContractError unless the session's graph takes `inputs` as int64 (B, T) and gives logits
+    as float32/float16 (B, num_labels) (textserve.onnx_contract.check_graph)."""
+    try:
+        check_graph(session, inputs)
+    except GraphContractError as exc:
+        message = str(exc)
+        # "<file> has inputs [...] and outputs [...]" or "<file>: input_ids is tensor(int32)..."
+        joint = " has " if message.startswith("inputs ") else ": "
+        raise ContractError(f"{model_path}{joint}{message}") from None
 
 
 class Session:
@@ -143,27 +129,18 @@ class Session:
         model_path = source or (Path("<model.onnx bytes>") if isinstance(model, bytes) else model)
         ort = _onnxruntime(preload_cuda=config.device != "cpu")
         requested = select_providers(config.device, ort.get_available_providers())
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = config.resolved_intra_op_threads()
-        options.inter_op_num_threads = config.inter_op_threads or 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # Idle intra-op threads would otherwise spin between runs, taking CPU from tokenization
-        # and the gRPC loop on small machines; the latency cost of waking them is microseconds.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3  # errors only; provider fallbacks are reported by us
         try:
-            self._session = ort.InferenceSession(
+            self._session = inference_session(
                 model if isinstance(model, bytes) else str(model),
-                options,
-                providers=requested,
-                disabled_optimizers=disabled_optimizers(requested),
+                requested,
+                intra_op_threads=config.resolved_intra_op_threads(),
+                inter_op_threads=config.inter_op_threads or 1,
             )
         except Exception as exc:
             raise RuntimeLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
         self.provider = check_granted(config.device, requested, self._session.get_providers())
         self.providers = list(self._session.get_providers())
-        check_contract(model_path, self._session.get_inputs(), self._session.get_outputs())
+        check_contract(model_path, self._session)
         self._outputs = [OUTPUT_NAME]
 
     def close(self) -> None:

@@ -1,13 +1,12 @@
-"""One model run's inputs, and how a batch is cut into runs: padding, softmax, split_runs.
+"""How a batch is cut into model runs (split_runs, what a run costs) and softmax.
 
-Pure numpy and Python (no onnxruntime, no tokenizers): ModelHandle's inference worker, the
-benchmark's in-process ceilings and the tests use them. The contract's padding: ids padded with
-pad_token_id to the longest row, attention_mask 1 on real tokens (docs/architecture.md).
+Pure numpy and Python (no onnxruntime, no tokenizers): inference.TextRunner, the benchmark's
+in-process ceilings and the tests use them. Padding is textserve.tokenization's, the one
+tokenization.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,20 +26,6 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     np.exp(shifted, out=shifted)
     shifted /= shifted.sum(axis=1, keepdims=True)
     return shifted
-
-
-def pad(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """input_ids and attention_mask, int64 (B, longest).
-
-    >>> pad([[5, 6, 7], [8]], 0)[0].tolist()
-    [[5, 6, 7], [8, 0, 0]]
-    """
-    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-    real = lengths[:, None] > np.arange(lengths.max())  # (B, longest), True on real tokens
-    ids = np.full(real.shape, pad_token_id, dtype=np.int64)
-    # one copy for the whole batch: boolean assignment fills row by row, as chain() yields
-    ids[real] = np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(lengths.sum()))
-    return ids, real.astype(np.int64)
 
 
 def split_runs(lengths: Sequence[int], run_cost: int) -> list[int]:

@@ -91,8 +91,10 @@ def test_a_text_the_model_cannot_take_fails_only_its_request(tmp_path: Path) -> 
         oip = ipb_grpc.GRPCInferenceServiceStub(channel)
         # A tokenizer with one word more than the model's embedding has rows (the load-time
         # check refuses such a version; this one slipped past it): onnxruntime fails on "zebra".
-        real = handle._tokenization
-        handle._tokenization = Tokenization(make_tokenizer([*WORDS, "zebra"]), handle.max_length)
+        real = handle.runner.tokenization
+        handle.runner.tokenization = Tokenization(
+            make_tokenizer([*WORDS, "zebra"]), handle.max_length
+        )
         srv.call(handle.batcher.pause)
         try:
             # All in the queue before the batcher runs: one batch of 5 texts.
@@ -107,7 +109,7 @@ def test_a_text_the_model_cannot_take_fails_only_its_request(tmp_path: Path) -> 
             alone = outcome(stub.Classify.future(pb.ClassifyRequest(texts=["zebra"]), timeout=60))
         finally:
             srv.call(handle.batcher.resume)
-            handle._tokenization = real
+            handle.runner.tokenization = real
         assert [code for code, _ in results] == [
             grpc.StatusCode.OK,
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -131,11 +133,11 @@ def test_an_inference_failure_fails_only_its_batch(tiny_repository: Path) -> Non
         # A fault that lasts through the first batch: its run, the 6 runs that look for the
         # texts to blame (halves, then single texts), and the one-[UNK] probe that finds the
         # model itself failing. A fault that goes away meanwhile fails no request.
-        session = FailingSession(handle._session, fail=set(range(1, 9)))
+        session = FailingSession(handle.runner.session, fail=set(range(1, 9)))
         stub = pb_grpc.ClassifierStub(channel)
         oip = ipb_grpc.GRPCInferenceServiceStub(channel)
         srv.call(handle.batcher.pause)
-        handle._session = session  # type: ignore[assignment]
+        handle.runner.session = session  # type: ignore[assignment]
         try:
             # Same texts, same length bucket: FIFO, so the first batch (4 texts) holds exactly
             # the Classify and the ModelInfer request, the second the last request.
@@ -149,7 +151,7 @@ def test_an_inference_failure_fails_only_its_batch(tiny_repository: Path) -> Non
             results = [outcome(f) for f in (first, second, third)]
         finally:
             srv.call(handle.batcher.resume)
-            handle._session = session._real
+            handle.runner.session = session._real
         assert [code for code, _ in results] == [
             grpc.StatusCode.INTERNAL,
             grpc.StatusCode.INTERNAL,

@@ -239,7 +239,7 @@ def test_the_tokenizer_never_sees_more_than_the_character_cap(
     # Responsiveness by construction: tokenizing is linear in characters, so a text's cost is
     # bounded by the cap, not by its size. Watch what reaches the tokenizer.
     handle = server.server.repository.get()
-    real = handle._tokenization.tokenizer
+    real = handle.runner.tokenization.tokenizer
     lengths: list[int] = []
 
     class Watching:
@@ -250,12 +250,12 @@ def test_the_tokenizer_never_sees_more_than_the_character_cap(
         def __getattr__(self, name: str) -> Any:
             return getattr(real, name)
 
-    handle._tokenization.tokenizer = Watching()  # type: ignore[assignment]
+    handle.runner.tokenization.tokenizer = Watching()  # type: ignore[assignment]
     try:
         request = pb.ClassifyRequest(texts=[HUGE["words"], HUGE["one-1MB-token"], GOOD])
         pb_grpc.ClassifierStub(channel).Classify(request, timeout=TIMEOUT)
     finally:
-        handle._tokenization.tokenizer = real
+        handle.runner.tokenization.tokenizer = real
     assert sorted(lengths) == [len(GOOD), reference.max_chars, reference.max_chars]
 
 

@@ -185,7 +185,7 @@ def test_a_full_queue_refuses_before_any_tokenizing(tiny_repository: Path) -> No
     # load does not eat the capacity serving the accepted requests.
     with running_server(tiny_repository, batcher=BatcherConfig(max_queue_size=4)) as srv:
         handle = srv.server.repository.get()
-        real = handle._tokenization.tokenizer
+        real = handle.runner.tokenization.tokenizer
         seen: list[int] = []
 
         class Counting:
@@ -200,7 +200,7 @@ def test_a_full_queue_refuses_before_any_tokenizing(tiny_repository: Path) -> No
             stub = pb_grpc.ClassifierStub(channel)
             oip = ipb_grpc.GRPCInferenceServiceStub(channel)
             srv.call(handle.batcher.pause)
-            handle._tokenization.tokenizer = Counting()  # type: ignore[assignment]
+            handle.runner.tokenization.tokenizer = Counting()  # type: ignore[assignment]
             try:
                 held = stub.Classify.future(pb.ClassifyRequest(texts=TEXTS[:4]), timeout=60)
                 while handle.stats().queue_depth < 4:
@@ -224,5 +224,5 @@ def test_a_full_queue_refuses_before_any_tokenizing(tiny_repository: Path) -> No
             try:
                 assert len(held.result().results) == 4
             finally:
-                handle._tokenization.tokenizer = real
+                handle.runner.tokenization.tokenizer = real
             assert seen == [4]  # the queued request alone

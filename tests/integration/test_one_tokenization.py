@@ -24,7 +24,7 @@ from textserve.model.checkpoint import load_run  # noqa: E402
 from textserve.model.train import collate  # noqa: E402
 from textserve.service.config import ServerConfig  # noqa: E402
 from textserve.service.engine import runtime  # noqa: E402
-from textserve.service.engine.handle import _Text  # noqa: E402
+from textserve.service.engine.inference import TextItem  # noqa: E402
 from textserve.service.repository.loader import LoadError, load_version_dir  # noqa: E402
 from textserve.tokenization import TokenizationError, encode_ids  # noqa: E402
 
@@ -95,7 +95,7 @@ def test_training_export_serving_and_ceilings_give_identical_ids_and_masks(
     # worker (sorted by length and cut into sub-batches, so compared row by row)
     handle = load_version_dir(version_dir, ServerConfig(repository=tiny_repository), metrics=None)
     recorded_runs.clear()
-    output = handle._run_texts([_Text(t, True, i, texts) for i, t in enumerate(texts)])
+    output = handle.runner([TextItem(t, True, i, texts) for i, t in enumerate(texts)])
     assert output.errors is None
     served = [row for ids, mask in recorded_runs for row in rows(ids, mask, pad)]
     assert sorted(served) == sorted(expected)

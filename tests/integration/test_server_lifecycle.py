@@ -61,7 +61,7 @@ def test_drain_reports_not_serving_and_finishes_in_flight_work(tiny_repository: 
     with running_server(tiny_repository, grace=10) as srv:
         handle = srv.server.repository.get()
         gate, running = threading.Event(), threading.Event()
-        session = handle._session
+        session = handle.runner.session
         real_run = session.run
 
         def held_run(*args: object) -> object:

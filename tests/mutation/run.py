@@ -31,7 +31,10 @@ OUT = ROOT / "build" / "mutation"
 U = "tests/unit/service/"
 # group -> (modules under textserve/, the tests that cover them: unit tests, fast and forkable)
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
-    "batcher": (["service/engine/batcher.py"], [U + "test_batcher.py"]),
+    "batcher": (
+        ["service/engine/batcher.py", "service/engine/queue.py"],
+        [U + "engine/test_batcher.py", U + "engine/test_queue.py"],
+    ),
     "oip_codec": (["service/servicers/oip_codec.py"], [U + "test_oip_codec.py"]),
     "status": (
         ["service/servicers/status.py"],

@@ -73,7 +73,7 @@ def test_a_new_version_is_served_once_ready_and_the_old_one_released(tmp_path: P
         await drained(repository)
         entry = repository.models["m"].versions[1]
         assert entry.state is State.AVAILABLE and entry.handle is None
-        assert old._session._session is None  # the onnxruntime session was released
+        assert old.runner.session._session is None  # the onnxruntime session was released
         assert await repository.reconcile() == []  # nothing more to do
 
     metrics = run(tmp_path, body)

@@ -135,7 +135,7 @@ def test_classify_matches_direct_inference_and_reports_truncation(tmp_path: Path
         texts = ["a good film", "the plot is bad and awful", "zzz qqq"]
         result = await handle.classify(texts)
         # one text at a time, straight through the contract's tokenization and the session
-        tokenization, session = handle._tokenization, handle._session
+        tokenization, session = handle.runner.tokenization, handle.runner.session
         expected = np.concatenate([softmax(session.run(*tokenization.batch([t]))) for t in texts])
         np.testing.assert_allclose(result.probabilities, expected, atol=1e-6)
         assert result.num_tokens.tolist() == [3, 4, 2]

@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 from tests.handmade import make_version
 from textserve.service.config import BatcherConfig, RuntimeConfig, ServerConfig
 from textserve.service.engine.batcher import Batcher, BatchOutput, RunStats
-from textserve.service.engine.handle import ModelHandle, _Text
+from textserve.service.engine.handle import ModelHandle
+from textserve.service.engine.inference import TextItem
 from textserve.service.engine.subbatches import softmax, split_runs
 from textserve.service.errors import ValidationError
 from textserve.service.metrics import Metrics
@@ -74,22 +75,22 @@ def test_a_batch_runs_as_length_sorted_sub_batches_with_answers_in_input_order(
     tmp_path: Path,
 ) -> None:
     handle, _ = load(tmp_path)
-    handle._run_cost = 0  # split wherever padding would be wasted
+    handle.runner.run_cost = 0  # split wherever padding would be wasted
     shapes: list[tuple[int, ...]] = []
-    real_run = handle._session.run
+    real_run = handle.runner.session.run
 
     def recording_run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         shapes.append(ids.shape)
         assert (mask.sum(axis=1) == ids.shape[1]).any()  # padded to its own longest
         return real_run(ids, mask)
 
-    handle._session.run = recording_run  # type: ignore[method-assign,assignment]
-    output = handle._run_texts([_Text(t, True, i, None) for i, t in enumerate(TEXTS)])
-    handle._session.run = real_run  # type: ignore[method-assign]
+    handle.runner.session.run = recording_run  # type: ignore[method-assign,assignment]
+    output = handle.runner([TextItem(t, True, i, None) for i, t in enumerate(TEXTS)])
+    handle.runner.session.run = real_run  # type: ignore[method-assign]
     rows = output.outputs
     # each text alone, through the same tokenizer and model: the reference
-    ids = handle._tokenization.encode(TEXTS)
-    tokenization = handle._tokenization
+    ids = handle.runner.tokenization.encode(TEXTS)
+    tokenization = handle.runner.tokenization
     expected = np.concatenate([softmax(real_run(*tokenization.batch([t]))) for t in TEXTS])
     np.testing.assert_allclose(rows["probabilities"], expected, atol=1e-6)
     assert rows["num_tokens"].tolist() == [len(r) for r in ids] == [1, 6, 1, 4, 2, 1]
@@ -103,8 +104,8 @@ def test_a_batch_runs_as_length_sorted_sub_batches_with_answers_in_input_order(
 
 def test_runs_keep_to_max_batch_tokens_in_real_tokens(tmp_path: Path) -> None:
     handle, _ = load(tmp_path, max_batch_tokens=8)
-    handle._run_cost = 10**6  # one run, were it not for the budget
-    output = handle._run_texts([_Text("a good film and plot", True, i, None) for i in range(5)])
+    handle.runner.run_cost = 10**6  # one run, were it not for the budget
+    output = handle.runner([TextItem("a good film and plot", True, i, None) for i in range(5)])
     # 5 tokens each: one fits in 8
     assert [r.size for r in list(output.runs or ())] == [1, 1, 1, 1, 1]
     assert all(r.padded_tokens <= 8 for r in list(output.runs or ()))
@@ -114,11 +115,11 @@ def test_an_over_long_text_without_truncation_fails_its_request_only(tmp_path: P
     handle, _ = load(tmp_path)
     refused, kept = object(), object()
     payloads = [
-        _Text("good film", False, 0, refused),
-        _Text("a good film and a great plot", False, 1, refused),  # 7 tokens > 6
-        _Text("a good film and a great plot", True, 0, kept),
+        TextItem("good film", False, 0, refused),
+        TextItem("a good film and a great plot", False, 1, refused),  # 7 tokens > 6
+        TextItem("a good film and a great plot", True, 0, kept),
     ]
-    output = handle._run_texts(payloads)
+    output = handle.runner(payloads)
     assert output.errors is not None and list(output.errors) == [1]
     assert "texts[1] is 7 tokens long" in str(output.errors[1])
     # the refused request's other text did not run either
@@ -198,17 +199,17 @@ class FailsOn:
 
 def test_a_failing_run_is_bisected_so_that_only_the_unusable_texts_fail(tmp_path: Path) -> None:
     handle, _ = load(tmp_path)
-    session = FailsOn(handle._session, bad=handle._tokenization.encode(["plot"])[0][0])
-    handle._session = session  # type: ignore[assignment]
+    session = FailsOn(handle.runner.session, bad=handle.runner.tokenization.encode(["plot"])[0][0])
+    handle.runner.session = session  # type: ignore[assignment]
     texts = ["good film", "a bad plot", "great", "awful film", "the film", "a plot", "bad", "is"]
     requests = [object() for _ in texts]
-    payloads = [_Text(t, True, 0, r) for t, r in zip(texts, requests, strict=True)]
-    output = handle._run_texts(payloads)
+    payloads = [TextItem(t, True, 0, r) for t, r in zip(texts, requests, strict=True)]
+    output = handle.runner(payloads)
     assert sorted(output.errors or {}) == [1, 5]  # the texts holding "plot", nothing else
     for row in (1, 5):
         error = (output.errors or {})[row]
         assert isinstance(error, ValidationError) and "cannot take this text" in str(error)
-    alone = [handle._run_texts([p]).outputs["probabilities"][0] for p in payloads]
+    alone = [handle.runner([p]).outputs["probabilities"][0] for p in payloads]
     for row in (0, 2, 3, 4, 6, 7):  # answered as if run without the bad ones
         np.testing.assert_allclose(output.outputs["probabilities"][row], alone[row], atol=1e-6)
     assert sum(run.size for run in output.runs or ()) == 6
@@ -216,11 +217,11 @@ def test_a_failing_run_is_bisected_so_that_only_the_unusable_texts_fail(tmp_path
 
 def test_a_model_that_fails_on_every_text_fails_the_batch(tmp_path: Path) -> None:
     handle, _ = load(tmp_path)
-    session = FailsOn(handle._session, bad=-1)
-    handle._session = session  # type: ignore[assignment]
+    session = FailsOn(handle.runner.session, bad=-1)
+    handle.runner.session = session  # type: ignore[assignment]
     session.broken = True  # a device fault: not the texts'; the batch fails (INTERNAL)
-    payloads = [_Text(t, True, 0, object()) for t in ("good", "bad film", "a plot")]
+    payloads = [TextItem(t, True, 0, object()) for t in ("good", "bad film", "a plot")]
     with pytest.raises(RuntimeError, match="out of data bounds"):
-        handle._run_texts(payloads)
+        handle.runner(payloads)
     session.broken = False
-    assert handle._run_texts(payloads).errors is None
+    assert handle.runner(payloads).errors is None

@@ -439,7 +439,7 @@ def test_many_callers_two_inference_threads_deadlines_and_cancellations() -> Non
         await wait_until(lambda: batcher.snapshot().batches >= len(sizes))
         snapshot = batcher.snapshot()
         assert len(outcomes) == 400 and outcomes.count("ok") >= 150
-        assert snapshot.queue_depth == 0 and batcher._queued_tokens == 0
+        assert snapshot.queue_depth == 0 and batcher._queue.tokens == 0
         # the statistics count exactly what the model ran
         assert (snapshot.batches, snapshot.items) == (len(sizes), sum(sizes))
         assert snapshot.max_batch_size_seen == max(sizes) <= 8
@@ -653,7 +653,7 @@ def test_close_without_grace_cancels_the_queue_and_says_so(
         for task in tasks:
             with pytest.raises(NotReadyError, match="model 'fake' shut down before this request"):
                 await task
-        assert batcher.snapshot().queue_depth == 0 and batcher._queued_tokens == 0
+        assert batcher.snapshot().queue_depth == 0 and batcher._queue.tokens == 0
 
     asyncio.run(main())
     assert [r.getMessage() for r in caplog.records] == [

@@ -1,0 +1,321 @@
+"""The batch function of one model version: tokenize, plan runs, run, bisect failures, activate.
+
+`TextRunner` is what the Batcher calls on its inference thread with a batch of queued texts. It
+tokenizes the whole batch (textserve.tokenization, the one tokenization), truncates or refuses
+over-long texts, sorts the texts by token length and runs them as one or more sub-batches (a
+split wherever the padding it saves costs more than one more onnxruntime run, see
+subbatches.split_runs), so a request costs one thread hop and a batch of mixed lengths pads
+little. A run that fails is bisected down to the texts that fail alone, which are refused
+(INVALID_ARGUMENT) while the others are answered. The logits become scores in one named step,
+the version's activation (ACTIVATIONS).
+
+It also checks, once at load, that the model fits its tokenizer and manifest (check) and warms
+the session up (warmup). No asyncio here: the handle and the batcher own the loop side.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import numpy as np
+
+from textserve.service.engine.batches import BatchOutput, RunStats
+from textserve.service.engine.subbatches import (
+    RUN_COST_TOKENS,
+    RUN_COST_TOKENS_OTHER,
+    softmax,
+    split_runs,
+)
+from textserve.service.errors import ValidationError
+from textserve.tokenization import Tokenization
+
+if TYPE_CHECKING:
+    from textserve.service.engine.runtime import Session
+
+logger = logging.getLogger(__name__)
+
+# Run through tokenizer and model at warm-up: a tokenizer whose ids the model does not know
+# fails here, before the version serves, not on the first request.
+WARMUP_TEXT = "The quick brown fox jumps over the lazy dog. A gripping, beautifully acted film!"
+
+# logits (float32, (B, num_labels)) -> the scores a version answers with, by the manifest's
+# activation. softmax: single-label probabilities.
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"softmax": softmax}
+
+
+class ModelCheckError(ValueError):
+    """The model does not fit its tokenizer or manifest; `reason` is a load-failure label
+    (textserve.service.metrics.LOAD_FAILURE_REASONS)."""
+
+    def __init__(self, message: str, reason: str = "contract_mismatch") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class TextItem(NamedTuple):
+    """One text in the batcher's queue (the payload ModelHandle submits)."""
+
+    text: str
+    truncate: bool
+    position: int  # in its request, for error messages
+    request: object  # the same object for every text of a request
+
+
+class TokenizeObserver(Protocol):
+    def on_tokenize(self, seconds: float) -> None: ...
+
+
+def row_dtype(num_labels: int) -> np.dtype:
+    """One text's result: what TextRunner returns per row and the handle reads back."""
+    return np.dtype(
+        [
+            ("probabilities", np.float32, (num_labels,)),
+            ("num_tokens", np.int64),  # tokens the model saw
+            ("full_tokens", np.int64),  # tokens before truncation
+            ("tokenize_seconds", np.float64),  # tokenization of the text's batch
+        ]
+    )
+
+
+class TextRunner:
+    """Runs batches of TextItems through one tokenizer and onnxruntime session (thread-side).
+
+    `session` and `tokenization` are plain attributes, so a test can put a failing one in."""
+
+    def __init__(
+        self,
+        session: Session,
+        tokenization: Tokenization,
+        *,
+        labels: Sequence[str],
+        max_batch_tokens: int,
+        activation: str = "softmax",
+        name: str = "model",
+        version: int = 0,
+        observer: TokenizeObserver | None = None,
+    ) -> None:
+        self.session = session
+        self.tokenization = tokenization
+        self.labels = tuple(labels)
+        self.max_length = tokenization.max_length
+        self.max_batch_tokens = max_batch_tokens
+        self.activation = activation
+        self._activate = ACTIVATIONS[activation]
+        self.name = name
+        self.version = version
+        self._observer = observer
+        self.rows = row_dtype(len(self.labels))
+        self.run_cost = RUN_COST_TOKENS.get(session.provider, RUN_COST_TOKENS_OTHER)
+        # Characters per token seen so far, for the batcher's length estimate (written by the
+        # inference thread, read on the loop: a float, replaced whole).
+        self.chars_per_token = 4.0
+
+    def estimate_lengths(self, texts: Sequence[str]) -> list[int]:
+        """Each text's token count as the queue sees it before tokenization (from its length in
+        characters): the queue sees a request at once, and a refused one costs no tokenizing."""
+        limit, per_token = self.max_length, self.chars_per_token
+        return [min(limit, int(len(text) / per_token) + 1) for text in texts]
+
+    # -- load-time checks ------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Blocking: raise ModelCheckError unless model.onnx fits its tokenizer and manifest.
+
+        Each check is one tiny run (at load, before any request can reach the version): every
+        id the tokenizer can give must be one the model takes, max_length tokens must be a shape
+        the graph accepts, the logits must be one per label, and the pad id a token of the
+        vocabulary. A version that fails is refused; the one being served goes on."""
+        tokenizer = self.tokenization.tokenizer
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        pad_id = self.tokenization.pad_token_id
+        if tokenizer.id_to_token(pad_id) is None:
+            raise ModelCheckError(
+                f"the manifest's pad_token_id {pad_id} is not in the tokenizer's vocabulary "
+                f"({len(vocab)} tokens)"
+            )
+        # Vocabulary vs embedding: the server has no `onnx` package to read the embedding's
+        # size from the graph, so it is checked by behaviour: the tokenizer's largest id must
+        # run and give finite logits. On CPU onnxruntime's Gather refuses an id beyond the
+        # table; a provider that reads out of bounds instead may pass this check, and then the
+        # batch a text with such an id is in still answers its other texts (see _run_range).
+        largest = max(vocab.values())
+        self._probe(
+            [largest],
+            f"the tokenizer's ids go up to {largest} ({len(vocab)} tokens) but the model "
+            f"cannot take id {largest}: is its embedding smaller than the vocabulary?",
+        )
+        self._probe(
+            [self.tokenization.unk_id] * self.max_length,
+            f"the manifest's max_length is {self.max_length} but the model cannot take "
+            f"{self.max_length} tokens",
+        )
+
+    def _probe(self, ids: list[int], failure: str) -> None:
+        """Run one row of `ids`; ModelCheckError (`failure`, and why) unless it gives one finite
+        logit per label."""
+        row = np.asarray([ids], dtype=np.int64)
+        try:
+            logits = self.session.run(row, np.ones_like(row))
+        except Exception as exc:
+            raise ModelCheckError(f"{failure} (onnxruntime: {exc})") from None
+        if logits.shape != (1, len(self.labels)):
+            raise ModelCheckError(
+                f"model.onnx gives {logits.shape[-1] if logits.ndim else 0} logits but the "
+                f"manifest has {len(self.labels)} labels"
+            )
+        if not np.isfinite(logits).all():
+            raise ModelCheckError(f"{failure} (its logits are not finite: {logits.tolist()})")
+
+    def warmup(self, max_batch_size: int) -> None:
+        """Blocking: run representative shapes through the session, then a real text."""
+        # (one logit per label was checked before, by check(): the loader always runs it first)
+        self.session.warmup(self.max_length, max_batch_size, self.tokenization.unk_id)
+        output = self([TextItem(WARMUP_TEXT, True, 0, None)])
+        sample = output.outputs["probabilities"]
+        if sample.shape != (1, len(self.labels)) or not np.isfinite(sample).all():
+            raise ValueError(f"model.onnx gives {sample!r} for a sample text")
+
+    # -- the batch function ----------------------------------------------------------------------
+
+    def __call__(self, payloads: list[TextItem]) -> BatchOutput:
+        """The batcher's run_batch: tokenize, truncate (or refuse), then run the texts sorted by
+        length as sub-batches (see split_runs). One output row per text (see self.rows)."""
+        started = time.perf_counter()
+        out = np.zeros(len(payloads), self.rows)
+        encoded, keep, errors = self._tokenize(payloads, out)
+        tokenized = time.perf_counter()
+        out["tokenize_seconds"] = tokenized - started
+        if self._observer is not None:
+            self._observer.on_tokenize(tokenized - started)
+        runs: list[RunStats] = []
+        if not keep:  # every text of the batch was refused
+            return BatchOutput(out, runs, errors)
+        lengths = [len(encoded[row]) for row in keep]
+        # Padded once, sorted by length; each sub-batch is a slice as wide as its longest text.
+        input_ids, attention_mask = self.tokenization.pad([encoded[row] for row in keep])
+        logits = np.empty((len(keep), len(self.labels)), np.float32)
+        failed: dict[int, Exception] = {}  # index in `keep` -> why it failed, run alone
+        for start, end in self.plan_runs(lengths):
+            self._run_range(input_ids, attention_mask, lengths, start, end, logits, runs, failed)
+        if failed:
+            logits[list(failed)] = 0.0  # rows never written: keep the activation off garbage
+            errors = errors or {}
+            errors.update(self._blame(payloads, keep, failed))
+        out["probabilities"][keep] = self._activate(logits)
+        return BatchOutput(out, runs, errors)
+
+    def _tokenize(
+        self, payloads: list[TextItem], out: np.ndarray
+    ) -> tuple[list[list[int]], list[int], dict[int, Exception] | None]:
+        """Token ids per payload (cut to max_length where truncation is on), the rows that run
+        (sorted by token length) and the rows refused (over-long without truncation: their
+        request's other texts do not run either). Fills out's num_tokens and full_tokens."""
+        encoded = self.tokenization.full_ids([p.text for p in payloads])
+        limit = self.max_length
+        full = out["full_tokens"]
+        errors: dict[int, Exception] | None = None
+        keep: list[int] = []  # rows that run
+        chars = tokens = 0
+        for row, (payload, ids) in enumerate(zip(payloads, encoded, strict=True)):
+            n = full[row] = len(ids)
+            chars += len(payload.text)
+            tokens += n
+            if n > limit:
+                if not payload.truncate:
+                    errors = errors or {}
+                    errors[row] = ValidationError(
+                        f"texts[{payload.position}] is {n} tokens long; model {self.name!r} takes "
+                        f"at most {limit} (send truncate=true to cut it, or shorten the text)"
+                    )
+                    continue
+                encoded[row] = ids[:limit]
+            keep.append(row)
+        if errors:  # a refused request's other texts do not run either
+            refused = {id(payloads[row].request) for row in errors}
+            keep = [row for row in keep if id(payloads[row].request) not in refused]
+        if tokens:
+            self.chars_per_token = max(1.0, chars / tokens)
+        keep.sort(key=lambda row: len(encoded[row]))
+        out["num_tokens"][keep] = [len(encoded[row]) for row in keep]
+        return encoded, keep, errors
+
+    def plan_runs(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """(start, end) of each sub-batch of `lengths` (ascending): split_runs, then any
+        sub-batch over max_batch_tokens cut into pieces within it (the batcher budgets batches
+        by estimated lengths; this holds every onnxruntime run to the budget in real tokens)."""
+        budget = self.max_batch_tokens
+        plan: list[tuple[int, int]] = []
+        bounds = [0, *split_runs(lengths, self.run_cost), len(lengths)]
+        for start, end in itertools.pairwise(bounds):
+            step = max(1, budget // lengths[end - 1])
+            plan.extend((s, min(end, s + step)) for s in range(start, end, step))
+        return plan
+
+    def _run_range(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        lengths: list[int],
+        start: int,
+        end: int,
+        logits: np.ndarray,
+        runs: list[RunStats],
+        failed: dict[int, Exception],
+    ) -> None:
+        """Run rows start:end into `logits`; if the run fails, run each half again (down to
+        single rows, recorded in `failed`), so that a text the model cannot take (an id its
+        embedding lacks, a shape its graph refuses) fails alone, not the texts batched with it:
+        2·log2(n) more runs for one bad text among n."""
+        run_started = time.perf_counter()
+        width = lengths[end - 1]
+        try:
+            logits[start:end] = self.session.run(
+                np.ascontiguousarray(input_ids[start:end, :width]),
+                np.ascontiguousarray(attention_mask[start:end, :width]),
+            )
+        except Exception as exc:
+            if end - start == 1:
+                failed[start] = exc
+                return
+            middle = (start + end) // 2
+            for lo, hi in ((start, middle), (middle, end)):
+                self._run_range(input_ids, attention_mask, lengths, lo, hi, logits, runs, failed)
+            return
+        runs.append(
+            RunStats(
+                size=end - start,
+                padded_tokens=(end - start) * width,
+                real_tokens=sum(lengths[start:end]),
+                seconds=time.perf_counter() - run_started,
+            )
+        )
+
+    def _blame(
+        self, payloads: list[TextItem], keep: list[int], failed: dict[int, Exception]
+    ) -> dict[int, Exception]:
+        """The errors of the rows that failed even alone: the texts' (INVALID_ARGUMENT) while
+        the model runs others; the model's (raised: the batch fails, INTERNAL) when no text ran
+        and it cannot even run the one-[UNK] row that passed at load (a device fault)."""
+        if len(failed) == len(keep):
+            unk = np.asarray([[self.tokenization.unk_id]], dtype=np.int64)
+            try:
+                self.session.run(unk, np.ones_like(unk))
+            except Exception:
+                raise next(iter(failed.values())) from None
+        errors: dict[int, Exception] = {}
+        for index, exc in failed.items():
+            payload = payloads[keep[index]]
+            logger.warning(
+                "%s:%d: texts[%d] of a request fails alone; refusing it: %s",
+                self.name, self.version, payload.position, exc,
+            )  # fmt: skip
+            errors[keep[index]] = ValidationError(
+                f"texts[{payload.position}]: model {self.name!r} version {self.version} cannot "
+                "take this text (the model fails on it alone; e.g. it holds a token the model "
+                "does not know)"
+            )
+        return errors
