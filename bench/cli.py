@@ -190,7 +190,7 @@ def _workers(value: str) -> tuple[int, ...]:
     if value.strip().lower() == "off":
         return ()
     if value.strip().lower() == "auto":
-        from textserve.service.supervisor import AUTO_MAX_WORKERS, cpu_limit
+        from textserve.service.workers.sizing import AUTO_MAX_WORKERS, cpu_limit
 
         auto = min(cpu_limit(), AUTO_MAX_WORKERS)
         return (1, auto) if auto > 1 else ()

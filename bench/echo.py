@@ -1,6 +1,8 @@
 """A gRPC server with no model at all, for measuring the load generator's own ceiling.
 
-    python -m textserve.bench.echo   # prints "listening on 127.0.0.1:PORT"; runs until killed
+    python -m textserve.bench.echo [HOST:PORT] [--ready-file PATH]
+    # prints "listening on 127.0.0.1:PORT" (and writes PATH as `textserve serve` does); runs
+    # until killed
 
 It answers textserve.v1 Classify and ClassifyStream (one answer per message, written with
 context.write as textserve does) and inference ModelInfer with a canned result per text (the
@@ -15,15 +17,17 @@ figures.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from textserve.service.cli import write_ready_file
 from textserve.service.servicers import oip_describe
 
 
@@ -136,7 +140,7 @@ def _handlers() -> list[grpc.GenericRpcHandler]:
     ]
 
 
-async def main(listen: str = "127.0.0.1:0") -> None:
+async def main(listen: str = "127.0.0.1:0", ready_file: Path | None = None) -> None:
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(_handlers())
     health = HealthServicer()
@@ -144,9 +148,16 @@ async def main(listen: str = "127.0.0.1:0") -> None:
     port = server.add_insecure_port(listen)
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    print(f"listening on {listen.rpartition(':')[0]}:{port}", flush=True)
+    address = f"{listen.rpartition(':')[0]}:{port}"
+    print(f"listening on {address}", flush=True)
+    if ready_file is not None:
+        write_ready_file(ready_file, address, None, 1)
     await server.wait_for_termination()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:2]))
+    parser = argparse.ArgumentParser(prog="python -m textserve.bench.echo")
+    parser.add_argument("listen", nargs="?", default="127.0.0.1:0")
+    parser.add_argument("--ready-file", type=Path, default=None)
+    args = parser.parse_args()
+    asyncio.run(main(args.listen, args.ready_file))

@@ -32,13 +32,11 @@ import csv
 import functools
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -245,50 +243,21 @@ def _ms(value: float | None) -> str:
 def local_server(
     repository: Path, model: str, log_path: Path, extra: Sequence[str] = (), timeout: float = 300
 ) -> Iterator[str]:
-    """`textserve serve` on 127.0.0.1 (a free port) for the run; yields its address.
-
-    Ready when grpc.health.v1 says SERVING (polled, never a fixed sleep); terminated (SIGTERM,
-    the graceful drain) at the end, killed if it does not stop.
-    """
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    """`textserve serve` on 127.0.0.1 (a free port) for the run, its output in `log_path`;
+    yields its address once it is SERVING (its --ready-file); SIGTERM (the graceful drain) at
+    the end, killed if it does not stop."""
+    from textserve.bench.process import ServerStartError, spawn
 
     command = [
         *(sys.executable, "-m", "textserve.cli", "serve", "--repository", str(repository)),
         *("--model", model, "--listen", "127.0.0.1:0", "--metrics-port", "off"),
         *("--workers", "1", *extra),  # one process unless `extra` says --workers N
     ]
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + timeout
-        address = None
-        while address is None:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"textserve serve did not start; see {log_path}")
-            found = re.search(r"listening on (127\.0\.0\.1:\d+)", log_path.read_text())
-            address = found.group(1) if found else None
-            time.sleep(0.1)  # polling interval
-        with grpc.insecure_channel(address) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"textserve serve never became SERVING; see {log_path}")
-                try:
-                    status = health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                    if status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass  # not listening yet
-                time.sleep(0.1)
-        yield address
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        with spawn(command, timeout=timeout, log=log_path, stop_timeout=60) as server:
+            yield server.address
+    except ServerStartError as exc:
+        raise RuntimeError(f"textserve serve did not start; see {log_path}\n{exc}") from None
 
 
 def default_texts() -> Path:

@@ -1,33 +1,39 @@
-"""A `textserve serve` child process for the benchmark: 127.0.0.1, free ports, ready when
-grpc.health.v1 says SERVING (polled), stopped with SIGTERM at the end.
+"""THE helper that runs a server as a child process (the benchmark's and the tests'): on
+127.0.0.1 with free ports, ready when it writes its --ready-file (JSON: pid, grpc address,
+metrics URL), stopped with SIGTERM (then SIGKILL) at the end.
 
     with start_server(Path("models"), "default", ["--max-batch-size", "1"]) as server:
         server.address, server.metrics_url, server.pid
+    with spawn([sys.executable, "-m", "textserve.cli", "serve", ...]) as server:
+        server.process.send_signal(signal.SIGTERM); server.text()  # what it printed so far
 
-The ports are read from the server's own log lines ("listening on 127.0.0.1:N", "metrics on
-http://127.0.0.1:M/metrics"), so nothing guesses a free port ahead of time.
+`textserve serve` writes the ready file once it is SERVING (every worker with --workers), so
+nothing guesses a free port ahead of time or reads ports out of log lines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+T = TypeVar("T")
+
 
 class ServerStartError(RuntimeError):
-    """The server did not become SERVING; the message carries the end of its output."""
+    """The server did not become ready; the message carries the end of its output."""
 
 
 @dataclass
@@ -38,9 +44,41 @@ class BenchServer:
     command: list[str]
 
 
+@dataclass
+class ServerProcess(BenchServer):
+    """A server this module started: its process, what it wrote in its ready file, and every
+    line it printed so far (when its output is not sent to a log file)."""
+
+    process: subprocess.Popen[str] = field(repr=False)
+    ready: dict[str, Any] = field(default_factory=dict)
+    output: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return "".join(self.output)
+
+
+def poll(
+    condition: Callable[[], T | None],
+    what: str,
+    timeout: float = 60.0,
+    interval: float = 0.05,
+) -> T:
+    """`condition()`'s first truthy value, asked every `interval` s; TimeoutError naming
+    `what` after `timeout` s. The one polling loop of the tests and the benchmark: readiness is
+    polled, never guessed with a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)  # polling interval, not a readiness guess
+
+
 def wait_for_health(address: str, timeout: float, alive: Callable[[], bool] | None = None) -> None:
     """Poll grpc.health.v1 Check("") until SERVING; raise after `timeout` s or when the
-    process ends."""
+    process ends (an external server, or a server that went back to NOT_SERVING)."""
     deadline = time.monotonic() + timeout
     last = "no answer"
     with grpc.insecure_channel(address) as channel:
@@ -84,57 +122,96 @@ def start_server(
     extra_args: Sequence[str] = (),
     *,
     timeout: float = 120.0,
-) -> Iterator[BenchServer]:
+) -> Iterator[ServerProcess]:
     """Run `textserve serve` (see serve_command) until the block ends."""
-    with start_process(serve_command(repository, model, extra_args), timeout=timeout) as server:
+    with spawn(serve_command(repository, model, extra_args), timeout=timeout) as server:
         yield server
 
 
 @contextlib.contextmanager
-def start_process(command: list[str], *, timeout: float = 120.0) -> Iterator[BenchServer]:
-    """Run a server that logs "listening on HOST:PORT" (and maybe "metrics on URL") and serves
-    grpc.health.v1; SERVING when the block starts, SIGTERM (then SIGKILL) when it ends."""
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    tail: deque[str] = deque(maxlen=40)
-    found: dict[str, str] = {}
-    listening = threading.Event()
+def start_process(command: list[str], *, timeout: float = 120.0) -> Iterator[ServerProcess]:
+    """Run a server that takes --ready-file (textserve serve, textserve.bench.echo) until the
+    block ends."""
+    with spawn(command, timeout=timeout) as server:
+        yield server
 
-    def pump() -> None:  # keep reading so the server never blocks on a full pipe
-        assert process.stdout is not None
-        for line in process.stdout:
-            tail.append(line)
-            if m := re.search(r"listening on (\S+:\d+)", line):
-                found["address"] = m.group(1)
-                listening.set()
-            if m := re.search(r"metrics on (http://\S+/metrics)", line):
-                found["metrics"] = m.group(1)
-        listening.set()
 
-    reader = threading.Thread(target=pump, name="bench-server-output", daemon=True)
-    reader.start()
-    try:
-        listening.wait(timeout)
-        if "address" not in found:
-            raise ServerStartError(
-                "textserve serve did not start (" + " ".join(command) + "):\n" + "".join(tail)
+@contextlib.contextmanager
+def spawn(
+    command: Sequence[str],
+    *,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    log: Path | None = None,
+    stop_timeout: float = 30.0,
+) -> Iterator[ServerProcess]:
+    """Run `command --ready-file PATH` (a server that writes PATH once it serves) until the
+    block ends; its output is kept in memory (`.text()`) or written to `log`. On exit: SIGTERM,
+    the graceful drain, and SIGKILL if it has not stopped within `stop_timeout` s.
+    ServerStartError with the end of its output when it exits or times out before ready."""
+    with tempfile.TemporaryDirectory(prefix="textserve-ready-") as folder:
+        ready_file = Path(folder) / "ready.json"
+        full = [*command, "--ready-file", str(ready_file)]
+        output: list[str] = []
+        with contextlib.ExitStack() as stack:
+            sink: Any = stack.enter_context(log.open("w")) if log is not None else subprocess.PIPE
+            process = subprocess.Popen(
+                full,
+                cwd=cwd,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             )
+        reader = threading.Thread(
+            target=lambda: output.extend(process.stdout or ()), name="server-output", daemon=True
+        )
+        reader.start()  # keep reading so the server never blocks on a full pipe
         try:
-            wait_for_health(found["address"], timeout, alive=lambda: process.poll() is None)
-        except ServerStartError as exc:
-            raise ServerStartError(f"{exc}\n{''.join(tail)}") from None
-        yield BenchServer(found["address"], found.get("metrics"), process.pid, command)
-    finally:
-        if process.poll() is None:
-            process.terminate()  # SIGTERM: a graceful drain, as in production
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        reader.join(timeout=5)
+            ready = _wait_ready(ready_file, process, timeout, lambda: _tail(output, log))
+            yield ServerProcess(
+                address=str(ready["grpc"]),
+                metrics_url=ready.get("metrics"),
+                pid=process.pid,
+                command=full,
+                process=process,
+                ready=ready,
+                output=output,
+            )
+        finally:
+            stop(process, stop_timeout)
+            reader.join(timeout=5)
+
+
+def stop(process: subprocess.Popen[Any], timeout: float = 30.0) -> int:
+    """SIGTERM (a graceful drain, as in production), SIGKILL after `timeout` s; the status."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait()
+
+
+def _wait_ready(
+    path: Path, process: subprocess.Popen[Any], timeout: float, tail: Callable[[], str]
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            raise ServerStartError(
+                f"{' '.join(map(str, process.args))} exited with status {process.returncode} "
+                f"before it was ready:\n{tail()}"
+            )
+        if time.monotonic() > deadline:
+            raise ServerStartError(f"not ready after {timeout:g}s:\n{tail()}")
+        time.sleep(0.05)  # polling interval, not a readiness guess
+    data: dict[str, Any] = json.loads(path.read_text())  # written whole (renamed into place)
+    return data
+
+
+def _tail(output: list[str], log: Path | None, lines: int = 40) -> str:
+    text = log.read_text(errors="replace") if log is not None else "".join(output)
+    return "".join(text.splitlines(keepends=True)[-lines:])

@@ -62,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "as the memory holds; 1: a single process, no supervisor",
     )
     flag(
+        "ready-file",
+        None,
+        "once serving, write PATH (JSON: pid, grpc address, metrics URL; removed at exit): "
+        "how scripts and tests learn the ports picked by port 0",
+    )
+    flag(
         "device",
         runtime.device,
         "auto: CUDA when available else CPU; cpu; cuda (fails without CUDA)",
@@ -259,7 +265,9 @@ def run(args: argparse.Namespace) -> int:
     from textserve.service.engine.runtime import DeviceUnavailableError
     from textserve.service.repository.core import StartupError
     from textserve.service.server import serve
-    from textserve.service.supervisor import SupervisorError, resolve_workers, serve_workers
+    from textserve.service.workers.errors import SupervisorError
+    from textserve.service.workers.sizing import resolve_workers
+    from textserve.service.workers.supervisor import serve_workers
 
     config = build_config(args)
     try:
@@ -268,15 +276,16 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
 
     def ready(server: Any) -> None:
+        metrics = (
+            f"http://{args.metrics_host}:{server.metrics_port}/metrics"
+            if server.metrics_port
+            else None
+        )
+        if args.ready_file:
+            write_ready_file(Path(args.ready_file), server.address, metrics, workers)
         print(
-            f"textserve is serving on {server.address} (metrics: "
-            + (
-                f"http://{args.metrics_host}:{server.metrics_port}/metrics"
-                if server.metrics_port
-                else "off"
-            )
-            + f"). Try:\n  textserve classify --server {server.address} "
-            "'a gripping, beautifully acted film'",
+            f"textserve is serving on {server.address} (metrics: {metrics or 'off'}). Try:\n"
+            f"  textserve classify --server {server.address} 'a gripping, beautifully acted film'",
             flush=True,
         )
 
@@ -291,3 +300,18 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except (StartupError, DeviceUnavailableError, OSError, ConfigError) as exc:
         raise CliError(str(exc)) from None
+    finally:
+        if args.ready_file:  # a file left behind would announce a server that is gone
+            Path(args.ready_file).unlink(missing_ok=True)
+
+
+def write_ready_file(path: Path, address: str, metrics: str | None, workers: int) -> None:
+    """The --ready-file: written to a temporary name and renamed, so a reader never sees half
+    of it. `{"pid": 123, "grpc": "127.0.0.1:50051", "metrics": URL or null, "workers": 2}`."""
+    import json
+    import os
+
+    data = {"pid": os.getpid(), "grpc": address, "metrics": metrics, "workers": workers}
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data) + "\n")
+    os.replace(temporary, path)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -38,7 +38,7 @@ from textserve.service.tuning import tune_for_serving
 from textserve.v1 import admin_pb2
 
 if TYPE_CHECKING:
-    from textserve.service.worker import WorkerLink
+    from textserve.service.workers.protocol import Coordinator
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ class Server:
         ctx: ServingContext,
         health: DrainingHealthServicer,
         service_names: Sequence[str],
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.config = config
         self.grpc_server = grpc_server
@@ -76,10 +77,9 @@ class Server:
         self.metrics_server: MetricsServer | None = None
         self.metrics_port: int | None = None
         self._stopping = False
-        # --workers: awaited once the models are warm, before SERVING (the supervisor says when
-        # every worker is warm); told each readiness state (the supervisor's /readyz)
-        self.before_serving: Callable[[], Awaitable[None]] | None = None
-        self.on_readiness: Callable[[str], None] | None = None
+        # --workers: the link to the supervisor, awaited before SERVING (it says when every
+        # worker is warm) and told each readiness state (the supervisor's /readyz)
+        self.coordinator = coordinator
 
     @property
     def address(self) -> str:
@@ -102,8 +102,8 @@ class Server:
             )
         try:
             await self.repository.load_all()
-            if self.before_serving is not None:
-                await self.before_serving()
+            if self.coordinator is not None:
+                await self.coordinator.before_serving()
         except BaseException:
             await self._close(grace=0)
             raise
@@ -130,8 +130,8 @@ class Server:
             return
         if self.metrics_server is not None:
             self.metrics_server.set_state(state)
-        if self.on_readiness is not None:
-            self.on_readiness(state)
+        if self.coordinator is not None:
+            self.coordinator.on_readiness(state)
 
     async def _set_health(self, status: int, *, but: str | None = None) -> None:
         """`status` for the server ("") and every service it registered, except `but`."""
@@ -171,17 +171,25 @@ def create_server(
     metrics: Metrics | None = None,
     extra_services: Sequence[Register] = (),
     reuse_port: bool = False,
+    coordinator: Coordinator | None = None,
 ) -> tuple[Server, int]:
     """Build the server and bind its port; call inside the event loop that will run it.
 
     `extra_services` are register functions added after those of SERVICES (tests, plugins).
     `reuse_port`: share the port with the other workers of `--workers N` (SO_REUSEPORT; the
     supervisor holds it, so that another program on it is still an error).
+    `coordinator`: this server is one worker of `--workers N` (textserve.service.workers):
+    its health answers name the worker, admin changes are relayed to the others, SERVING waits
+    for the supervisor.
     """
     metrics = metrics or Metrics()
     repository = ModelRepository.from_server(config, metrics)
     ctx = ServingContext(
-        config=config, repository=repository, metrics=metrics, telemetry=telemetry(config, metrics)
+        config=config,
+        repository=repository,
+        metrics=metrics,
+        telemetry=telemetry(config, metrics),
+        relay=coordinator.relay if coordinator is not None else None,
     )
     grpc_server = grpc.aio.server(
         # authentication first: a refused call is neither parsed nor served
@@ -198,6 +206,7 @@ def create_server(
     for register in [*SERVICES, *extra_services]:
         names.extend(register(grpc_server, ctx))
     health = DrainingHealthServicer()
+    health.worker = coordinator.worker_id if coordinator is not None else None
     health_pb2_grpc.add_HealthServicer_to_server(health, grpc_server)
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
     reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], grpc_server)
@@ -207,7 +216,7 @@ def create_server(
         raise OSError(f"cannot listen on {config.listen}: {exc}") from None
     if port == 0:
         raise OSError(f"cannot listen on {config.listen} (in use, or not an address of this host)")
-    return Server(config, grpc_server, port, ctx, health, names), port
+    return Server(config, grpc_server, port, ctx, health, names, coordinator), port
 
 
 def telemetry(config: ServerConfig, metrics: Metrics) -> Telemetry:
@@ -237,11 +246,11 @@ async def serve(
     config: ServerConfig,
     on_ready: Callable[[Server], None] | None = None,
     *,
-    worker: WorkerLink | None = None,
+    coordinator: Coordinator | None = None,
 ) -> int:
     """The life of `textserve serve`: start, serve until SIGTERM/SIGINT, drain, exit status.
-    `worker`: this process is one worker of `--workers N`, linked to its supervisor."""
-    server, _ = create_server(config, reuse_port=worker is not None)
+    `coordinator`: this process is one worker of `--workers N`, linked to its supervisor."""
+    server, _ = create_server(config, reuse_port=coordinator is not None, coordinator=coordinator)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # SIGTERM: what orchestrators (Kubernetes, systemd, docker stop) send to ask for a drain.
@@ -261,8 +270,8 @@ async def serve(
     forced_by: list[int] = []
     for sig in signals:
         loop.add_signal_handler(sig, on_signal, sig)
-    if worker is not None:  # the supervisor went away: drain as on SIGTERM
-        worker.attach(server, lambda: on_signal(signal.SIGTERM))
+    if coordinator is not None:  # the supervisor went away: drain as on SIGTERM
+        coordinator.attach(server.repository, lambda: on_signal(signal.SIGTERM))
     try:
         start = asyncio.create_task(server.start())
         stopped = asyncio.create_task(stop.wait())

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# `textserve serve` defaults to --workers auto (several processes on a multi-core machine);
-# tests that start servers get one process unless they ask for workers (tests/integration/
-# test_workers.py), so their signals, exit statuses and in-process errors stay a single
-# process's.
-os.environ.setdefault("TEXTSERVE_WORKERS", "1")
+
+@pytest.fixture(scope="session", autouse=True)
+def one_worker_by_default() -> Iterator[None]:
+    """`textserve serve` defaults to --workers auto (several processes on a multi-core
+    machine); the servers the tests start (in this process or as children, which inherit the
+    environment) get one process unless they ask for workers (tests/integration/
+    test_workers.py), so their signals, exit statuses and in-process errors stay a single
+    process's. A TEXTSERVE_WORKERS the caller set is kept; the environment is restored after
+    the session."""
+    with pytest.MonkeyPatch.context() as patch:
+        if "TEXTSERVE_WORKERS" not in os.environ:
+            patch.setenv("TEXTSERVE_WORKERS", "1")
+        yield
 
 
 @pytest.fixture(scope="session")

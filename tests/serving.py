@@ -8,21 +8,20 @@ polling grpc.health.v1 (never a fixed sleep) and stop by themselves when the blo
 
     with serve_subprocess(repository, "--max-queue-delay-ms", "5") as proc:
         ...; proc.process.send_signal(signal.SIGTERM)
+
+    poll(lambda: proc.text().count("serving") >= 2, "two workers serving")  # the one poll
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import re
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +29,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from textserve.bench.process import ServerProcess, spawn
+from textserve.bench.process import poll as poll  # the one polling loop of the tests
 from textserve.service.config import RuntimeConfig, ServerConfig
 from textserve.service.metrics import Metrics
 from textserve.service.repository.core import ModelRepository
@@ -197,23 +198,13 @@ def running_server(
         raise RuntimeError(f"server failed: {state['error']!r}") from state["error"]
 
 
-@dataclass
-class ServerProcess:
-    process: subprocess.Popen[str]
-    address: str
-    metrics_url: str | None
-    output: list[str] = field(default_factory=list)  # every line it printed so far
-
-    def text(self) -> str:
-        return "".join(self.output)
-
-
 @contextlib.contextmanager
 def serve_subprocess(
     repository: Path, *args: str, timeout: float = 90.0, env: dict[str, str] | None = None
 ) -> Iterator[ServerProcess]:
     """`textserve serve` as a child process on 127.0.0.1:0 (metrics on a free port too), SERVING
-    when the block starts; terminated (then killed) at the end if still running."""
+    when the block starts (its --ready-file: textserve.bench.process.spawn); terminated (then
+    killed) at the end if still running."""
     command = [
         sys.executable, "-m", "textserve.cli", "serve",
         "--repository", str(repository),
@@ -222,46 +213,8 @@ def serve_subprocess(
         "--intra-op-threads", "1",
         *args,
     ]  # fmt: skip
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-    )
-    output: list[str] = []
-    found: dict[str, str] = {}
-    listening = threading.Event()
-
-    def pump() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            output.append(line)
-            if m := re.search(r"listening on (127\.0\.0\.1:\d+)", line):
-                found["address"] = m.group(1)
-                listening.set()
-            if m := re.search(r"metrics on (http://\S+/metrics)", line):
-                found["metrics"] = m.group(1)
-        listening.set()  # EOF: the process ended
-
-    reader = threading.Thread(target=pump, name="textserve-serve-output", daemon=True)
-    reader.start()
-    try:
-        listening.wait(timeout)
-        if "address" not in found:
-            raise RuntimeError("textserve serve did not start:\n" + "".join(output))
-        wait_for_health(found["address"], timeout=timeout, alive=lambda: process.poll() is None)
-        yield ServerProcess(process, found["address"], found.get("metrics"), output)
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        reader.join(timeout=5)
+    with spawn(command, timeout=timeout, env=env, cwd=ROOT) as server:
+        yield server
 
 
 def repository_config(root: Path, **overrides: Any) -> ServerConfig:

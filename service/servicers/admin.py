@@ -19,6 +19,7 @@ from textserve.service.errors import ValidationError
 from textserve.service.repository.core import ModelRepository, ReloadEvent
 from textserve.service.servicers.convert import model_summary
 from textserve.service.servicers.status import grpc_errors, model_name
+from textserve.service.workers.protocol import AdminAction, AdminChange
 from textserve.v1 import admin_pb2 as pb
 from textserve.v1 import admin_pb2_grpc as pb_grpc
 
@@ -59,12 +60,12 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._repository = repository
         self._ctx = ctx
 
-    async def _relay(self, op: str, name: str, version: int | None) -> None:
+    async def _relay(self, action: AdminAction, name: str = "", version: int | None = None) -> None:
         """With --workers the call landed on one worker: the others apply it too before the
         call returns (the supervisor relays it), so every connection sees the change."""
         relay = self._ctx.relay if self._ctx is not None else None
         if relay is not None:
-            await relay(op, name, version)
+            await relay(AdminChange(action, name, version))
 
     @grpc_errors
     async def LoadModel(self, request: pb.LoadModelRequest, context: Any) -> pb.LoadModelResponse:
@@ -73,7 +74,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             "admin LoadModel %s version %s from %s", shown(name), version or "*", context.peer()
         )
         record, events = await self._repository.load_model(name, version)
-        await self._relay("load", name, version)
+        await self._relay(AdminAction.LOAD, name, version)
         return pb.LoadModelResponse(
             model=model_summary(record, self._repository.default_model),
             events=version_events(events),
@@ -88,7 +89,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             "admin UnloadModel %s version %s from %s", shown(name), version or "*", context.peer()
         )
         record, events = await self._repository.unload_model(name, version)
-        await self._relay("unload", name, version)
+        await self._relay(AdminAction.UNLOAD, name, version)
         return pb.UnloadModelResponse(
             model=model_summary(record, self._repository.default_model),
             events=version_events(events),
@@ -100,7 +101,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     ) -> pb.ReloadRepositoryResponse:
         logger.info("admin ReloadRepository from %s", context.peer())
         events = await self._repository.reconcile()
-        await self._relay("reload", "", None)
+        await self._relay(AdminAction.RELOAD)
         default = self._repository.default_model
         return pb.ReloadRepositoryResponse(
             events=version_events(events),

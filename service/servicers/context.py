@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -12,6 +12,7 @@ from textserve.service.config import ServerConfig
 from textserve.service.metrics import Metrics
 from textserve.service.repository.core import ModelRepository
 from textserve.service.tracing import Tracing
+from textserve.service.workers.protocol import RelayChange
 
 
 @dataclass
@@ -30,9 +31,9 @@ class ServingContext:
     repository: ModelRepository
     metrics: Metrics
     telemetry: Telemetry = field(default_factory=Telemetry)
-    # --workers: applies an admin change (op, model, version) on every other worker and returns
-    # when they all have (service/worker.py); None in a single process
-    relay: Callable[[str, str, int | None], Awaitable[None]] | None = None
+    # --workers: applies an admin change on every other worker and returns when they all have
+    # (textserve.service.workers.protocol.Coordinator.relay); None in a single process
+    relay: RelayChange | None = None
 
 
 # register(server, ctx) -> the full names of the services it added (for health and reflection)

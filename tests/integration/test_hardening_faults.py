@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import queue
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,14 @@ import numpy as np
 import pytest
 
 from tests.handmade import WORDS, make_tokenizer, make_version
-from tests.serving import ROOT, RunningServer, running_server, serve_subprocess, wait_for_health
+from tests.serving import (
+    ROOT,
+    RunningServer,
+    poll,
+    running_server,
+    serve_subprocess,
+)
+from textserve.bench.process import spawn
 from textserve.oip import grpc_service_pb2 as ipb
 from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
 from textserve.service.config import BatcherConfig
@@ -36,15 +41,6 @@ from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
 TEXT = "a gripping, beautifully acted film"
-
-
-def poll(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)  # polling interval
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class FailingSession:
@@ -274,12 +270,17 @@ class OpenLoop:
 # the server has stopped, how many requests the server handled and how many of them failed.
 SERVE_AND_COUNT = """
 import asyncio, json, logging, sys
+from pathlib import Path
 from textserve.cli import build_parser
-from textserve.service.cli import build_config
+from textserve.service.cli import build_config, write_ready_file
 from textserve.service.server import serve
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s: %(message)s")
+args = build_parser().parse_args(sys.argv[1:])
 servers = []
-status = asyncio.run(serve(build_config(build_parser().parse_args(sys.argv[1:])), servers.append))
+def ready(server):
+    servers.append(server)
+    write_ready_file(Path(args.ready_file), server.address, None, 1)
+status = asyncio.run(serve(build_config(args), ready))
 counts = {"textserve_requests_total": 0.0, "textserve_request_failures_total": 0.0}
 for metric in servers[0].metrics.registry.collect():
     for sample in metric.samples:
@@ -295,33 +296,14 @@ def test_sigterm_under_load_loses_no_accepted_request(tiny_repository: Path) -> 
     argv = ["serve", "--repository", str(tiny_repository), "--listen", "127.0.0.1:0",
             "--metrics-port", "off", "--intra-op-threads", "1", "--max-queue-delay-ms", "50",
             "--grace-period", "60"]  # fmt: skip
-    process = subprocess.Popen(
-        [sys.executable, "-c", SERVE_AND_COUNT, *argv],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
-    reader.start()
-    try:
-        poll(lambda: any("listening on" in x for x in lines) or process.poll() is not None, "port")
-        found = re.search(r"listening on (127\.0\.0\.1:\d+)", "".join(lines))
-        assert found is not None, "".join(lines)
-        wait_for_health(found.group(1), alive=lambda: process.poll() is None)
-        with OpenLoop(found.group(1), rate=200) as load:
+    with spawn([sys.executable, "-c", SERVE_AND_COUNT, *argv], cwd=ROOT) as server:
+        with OpenLoop(server.address, rate=200) as load:
             poll(lambda: load.codes["OK"] >= 50, "50 answered requests")
-            process.send_signal(signal.SIGTERM)
+            server.process.send_signal(signal.SIGTERM)
             sent_at_signal, in_flight = load.sent, load.in_flight
             poll(lambda: load.sent >= sent_at_signal + 100, "100 more requests sent")
-        status = process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        reader.join(timeout=10)
+        status = server.process.wait(timeout=60)
+    lines = server.output
     log = "".join(lines)
     assert status == 0, log
     (counts_line,) = [x for x in lines if x.startswith("COUNTS ")]

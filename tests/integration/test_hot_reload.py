@@ -17,7 +17,7 @@ import grpc
 import psutil
 import pytest
 
-from tests.serving import running_server
+from tests.serving import poll, running_server
 from textserve.artifact import MODEL_FILE, Manifest
 from textserve.client import AdminClient
 from textserve.oip import grpc_service_pb2 as oip
@@ -32,14 +32,6 @@ from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
 CALLERS = 32  # half through textserve.v1, half through OIP
 TEXTS = ["a gripping, beautifully acted film", "dull", "the plot is a mess and far too long", "ok"]
-
-
-def poll(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)  # polling interval, not a guess at how long a reload takes
 
 
 class Caller(threading.Thread):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import signal
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -15,22 +14,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.serving import health, running_server, serve_subprocess
+from tests.serving import health, poll, running_server, serve_subprocess
 from textserve.cli import main as cli_main
 from textserve.service.engine.handle import ModelHandle
 from textserve.service.engine.runtime import CUDA, available_providers
 from textserve.service.health import NOT_SERVING, SERVING
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
-
-
-def poll(predicate, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_health_is_serving_only_after_warmup(

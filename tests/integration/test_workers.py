@@ -13,10 +13,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.handmade import make_version
-from tests.serving import ROOT, serve_subprocess
+from tests.serving import ROOT, poll, serve_subprocess
 from textserve import cli
 from textserve.client import AdminClient, Client, connection_options
 from textserve.service.health import WORKER_KEY
@@ -42,17 +41,6 @@ def repository(tmp_path: Path) -> Path:
     root = tmp_path / "models"
     make_version(root, MODEL, 1)
     return root
-
-
-def poll(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)  # polling interval, not a readiness guess
 
 
 class Connection:

@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from tests.otlp import Receiver, otlp_receiver
-from tests.serving import running_server, serve_subprocess
+from tests.serving import poll, running_server, serve_subprocess
 from textserve.client import Client, ClientError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,20 +53,6 @@ def prometheus_binary() -> str:
     if path is None:
         pytest.fail("the prometheus server is not installed: run `make system-deps`")
     return path
-
-
-def poll(condition: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
-    """Call `condition` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(delay)  # polling back-off, not a readiness guess
-        delay = min(delay * 2, 0.5)
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from textserve.artifact import MANIFEST_FILE, identity, iter_versions, newest_version, next_version
-from textserve.service.supervisor import WORKER_BASE_BYTES, worker_memory
+from textserve.service.workers.sizing import WORKER_BASE_BYTES, worker_memory
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("textserve", "service", "model", "export", "bench")
@@ -58,7 +58,7 @@ def own_version_rules(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_the_check_finds_what_the_worker_sizing_once_did() -> None:
-    # The code service/supervisor.py's worker_memory had before the rule moved (and two forms
+    # The code service/workers/sizing.py::worker_memory had before the rule moved (and two forms
     # the other readers had): the check must see each, or it proves nothing.
     old = """
 versions = [v for v in model.iterdir() if v.name.isdigit()]

@@ -5,10 +5,10 @@ Shaped after grpc's examples/python/multiprocessing/server.py and gunicorn's arb
 - The supervisor reserves the port with a SO_REUSEPORT socket it binds and never listens on
   (so another program on the port is still an error, and port 0 picks one), then starts the
   workers (spawned: a fresh interpreter each, no gRPC or onnxruntime state forked, grpc issue
-  #16001). Each worker (service/worker.py) is a whole server serving that address with
+  #16001). Each worker (worker.py here) is a whole server serving that address with
   `grpc.so_reuseport` on; the kernel spreads *connections* over them.
-- Readiness: every worker loads and warms its models, says "warm" and waits; when all are
-  warm the supervisor tells them to report SERVING (grpc.health.v1 is served by each worker,
+- Readiness: every worker loads and warms its models, says Warm and waits; when all are
+  warm the supervisor tells them to Serve (grpc.health.v1 is served by each worker,
   the supervisor serves no gRPC). /readyz (the supervisor's) answers 200 only while every
   worker serves.
 - SIGTERM/SIGINT are forwarded to every worker, which drains as a single server does; a
@@ -18,9 +18,10 @@ Shaped after grpc's examples/python/multiprocessing/server.py and gunicorn's arb
   server with status 1. A worker that fails before the server ever served stops it with the
   worker's error (one line, status 2), as a single process would.
 - One /metrics: prometheus-client's multiprocess mode, a fresh PROMETHEUS_MULTIPROC_DIR
-  created here and removed at exit (metrics.server_registry).
-- Admin changes are relayed to every worker (service/worker.py says why) and replayed to a
-  worker that restarts.
+  created here and removed at exit (metrics.server_registry here).
+- Admin changes are relayed to every worker (protocol.py says why) and replayed to a worker
+  that restarts.
+The messages over each worker's pipe are the typed ones of protocol.py.
 One log line per worker state change: "worker 2 (pid 123): warm".
 """
 
@@ -36,15 +37,30 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any
 
-from textserve.artifact import MODEL_FILE, newest_version
-from textserve.service.config import ServerConfig, usable_cpus
-from textserve.service.worker import AdminOp, WorkerSpec, worker_main
+from textserve.service.config import ServerConfig
+from textserve.service.workers.errors import SupervisorError
+from textserve.service.workers.metrics import mark_dead
+from textserve.service.workers.protocol import (
+    AdminChange,
+    Applied,
+    Apply,
+    Readiness,
+    Relay,
+    Relayed,
+    RelayKey,
+    Serve,
+    StartupFailed,
+    ToSupervisor,
+    ToWorker,
+    Warm,
+)
+from textserve.service.workers.sizing import worker_config
+from textserve.service.workers.worker import WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -52,136 +68,6 @@ CRASH_LIMIT = 5  # worker deaths within CRASH_WINDOW seconds that stop the serve
 CRASH_WINDOW = 60.0
 BACKOFF_FIRST = 0.5  # seconds before restarting a worker that died; doubles per death in a row
 BACKOFF_MAX = 10.0
-# What a worker holds besides its models (measured: a worker serving the tiny test model has
-# ~100 MiB resident at rest: the interpreter, grpc, onnxruntime, tokenizers, numpy; twice that
-# leaves room for buffers under load) and, per model, a multiple of model.onnx (the weights in
-# the session, the optimized graph, the arena).
-WORKER_BASE_BYTES = 200 * 2**20
-MODEL_BYTES_FACTOR = 3
-AUTO_CPUS_PER_WORKER = 1  # auto on CPU: one worker per usable CPU (measured, see below)
-AUTO_MAX_WORKERS = 8  # ... up to this many
-AUTO_MAX_GPU_WORKERS = 4  # auto with CUDA: workers sharing one device
-
-
-class SupervisorError(Exception):
-    """The server could not start, or its workers kept dying: one line for the user."""
-
-    def __init__(self, message: str, status: int = 2) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-# -- how many workers ---------------------------------------------------------------------------
-
-
-def cpu_limit() -> int:
-    """CPUs this process may use: its affinity, and a cgroup v2 quota (a container's CPU
-    limit, e.g. Kubernetes resources.limits.cpu) rounded up."""
-    cpus = usable_cpus()
-    with contextlib.suppress(OSError, ValueError):
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
-    return cpus
-
-
-def available_memory() -> int | None:
-    """Bytes of memory free for new processes: MemAvailable, within a cgroup v2 limit."""
-    available: int | None = None
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    with contextlib.suppress(OSError, ValueError):
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-            free = max(0, int(limit) - used)
-            available = free if available is None else min(available, free)
-    return available
-
-
-def worker_memory(repository: Path) -> int:
-    """An estimate of one worker's memory: a base and a multiple of the model files it will
-    load (the newest version of each model: what the default policy serves)."""
-    total = WORKER_BASE_BYTES
-    with contextlib.suppress(OSError):
-        for model in Path(repository).iterdir():
-            # The scan's rule (textserve.artifact): a stray `²` folder is no version, no crash.
-            newest = newest_version(model, complete=True) if model.is_dir() else None
-            if newest is not None:
-                onnx = newest[1] / MODEL_FILE
-                if onnx.is_file():
-                    total += MODEL_BYTES_FACTOR * onnx.stat().st_size
-    return total
-
-
-def uses_gpu(device: str) -> bool:
-    if device == "cpu":
-        return False
-    if device == "cuda":
-        return True
-    from textserve.service.engine.runtime import available_providers
-
-    return "CUDAExecutionProvider" in available_providers(device)
-
-
-def resolve_workers(value: str, config: ServerConfig) -> int:
-    """The number of workers for --workers VALUE ("auto" or a positive integer); SupervisorError
-    (one line) for anything else or for more workers than the memory holds.
-
-    auto: on CPU one worker per AUTO_CPUS_PER_WORKER usable CPUs (affinity and container
-    quota), at least 1 and at most AUTO_MAX_WORKERS. One process is held to about 1.2 cores by
-    its one event loop and GIL (gRPC, tokenizer hand-off, batching). Measured on 2 cores (AMD
-    EPYC, the default model, 128 callers, NVIDIA's C++ perf_analyzer as the load generator on
-    the same machine, 6 runs): two workers gave a median 1.33x the throughput of one
-    (1.07-1.54x), with a p99 not higher in 4 of the 6. (With the Python load generator of
-    `textserve bench` on the same two cores it was 0.99x: that generator takes most of a core
-    itself, so the second worker has nothing left to run on; a server's clients are normally
-    elsewhere.) So 2 CPUs get 2 workers, 16 get 8; each worker gets CPUs / N onnxruntime
-    threads. With CUDA at most AUTO_MAX_GPU_WORKERS (each worker holds a CUDA context and a
-    copy of the weights on the one device; a few keep it fed while others tokenize). Never
-    more than the memory holds (worker_memory)."""
-    text = value.strip().lower()
-    per_worker = worker_memory(config.repository)
-    memory = available_memory()
-    if text == "auto":
-        cpus = cpu_limit()
-        gpu = uses_gpu(config.runtime.device)
-        if gpu:
-            wanted = min(cpus, AUTO_MAX_GPU_WORKERS)
-        else:
-            wanted = min(cpus // AUTO_CPUS_PER_WORKER, AUTO_MAX_WORKERS)
-        if memory is not None:
-            wanted = min(wanted, memory // per_worker)
-        return max(1, wanted)
-    try:
-        workers = int(text)
-    except ValueError:
-        raise SupervisorError(
-            f"--workers must be a whole number of processes or 'auto', got {value!r}"
-        ) from None
-    if workers < 1:
-        raise SupervisorError(f"--workers must be at least 1 (or 'auto'), got {workers}")
-    if workers > 1 and memory is not None and workers * per_worker > memory:
-        raise SupervisorError(
-            f"--workers {workers} needs about {workers * per_worker / 2**20:,.0f} MiB "
-            f"({per_worker / 2**20:,.0f} MiB per worker with the models of "
-            f"{config.repository}) but {memory / 2**20:,.0f} MiB are available: "
-            f"use at most {max(1, memory // per_worker)}"
-        )
-    return workers
-
-
-def worker_config(config: ServerConfig, port: int, workers: int) -> ServerConfig:
-    """A worker's config: the reserved port, no metrics port of its own (the supervisor
-    serves /metrics), and its share of the CPUs as onnxruntime intra-op threads unless
-    --intra-op-threads says otherwise."""
-    host = config.listen.rpartition(":")[0]
-    runtime = config.runtime
-    if runtime.intra_op_threads == 0:
-        runtime = replace(runtime, intra_op_threads=max(1, cpu_limit() // workers))
-    return replace(config, listen=f"{host}:{port}", metrics_port=None, runtime=runtime)
 
 
 @contextlib.contextmanager
@@ -226,7 +112,7 @@ class _Worker:
 @dataclass
 class _Relay:
     origin: _Worker
-    ident: int
+    key: RelayKey
     waiting: set[int] = field(default_factory=set)
     errors: list[str] = field(default_factory=list)
 
@@ -237,8 +123,8 @@ class Supervisor:
         self.count = workers
         self.log_level = log_level
         self.workers = [_Worker(i + 1) for i in range(workers)]
-        self.admin_log: list[AdminOp] = []
-        self._relays: dict[tuple[int, int], _Relay] = {}
+        self.admin_log: list[AdminChange] = []
+        self._relays: dict[RelayKey, _Relay] = {}
         self._context = multiprocessing.get_context("spawn")
         self._deaths: list[float] = []
         self._stopping: int | None = None  # the signal that started the drain
@@ -296,11 +182,8 @@ class Supervisor:
     def _start_metrics(self, directory: str) -> None:
         if self.config.metrics_port is None:
             return
-        from textserve.service.metrics import (
-            SupervisorMetrics,
-            server_registry,
-            start_metrics_server,
-        )
+        from textserve.service.metrics import start_metrics_server
+        from textserve.service.workers.metrics import SupervisorMetrics, server_registry
 
         registry = server_registry(directory, self._live_pids)
         self._metrics = SupervisorMetrics(registry)
@@ -385,35 +268,40 @@ class Supervisor:
             worker.conn.close()
             worker.conn = None  # the process is ending: its sentinel tells the rest
 
-    def _message(self, worker: _Worker, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "warm":
-            self._state(worker, "warm")
-            if self._stopping is not None:
-                return
-            if self._started:
-                self._catch_up(worker)
-            elif all(w.state == "warm" for w in self.workers):
-                self._started = True
-                for w in self.workers:
-                    self._catch_up(w)
-        elif kind == "state":
-            self._state(worker, message[1])
-        elif kind == "failed":
-            worker.failure = message[1]
-        elif kind == "relay":
-            self._relay(worker, message[1], message[2], message[3], message[4])
-        elif kind == "applied":
-            self._applied(worker, tuple(message[1]), message[2])
+    def _message(self, worker: _Worker, message: ToSupervisor) -> None:
+        match message:
+            case Warm():
+                self._warm(worker)
+            case Readiness(state=state):
+                self._state(worker, state)
+            case StartupFailed(message=failure):
+                worker.failure = failure
+            case Relay(ident=ident, change=change):
+                self._relay(worker, RelayKey(worker.index, ident), change)
+            case Applied(key=key, error=error):
+                self._applied(worker, key, error)
+            case _:
+                logger.warning("worker %d: unknown message %r", worker.index, message)
+
+    def _warm(self, worker: _Worker) -> None:
+        self._state(worker, "warm")
+        if self._stopping is not None:
+            return
+        if self._started:
+            self._catch_up(worker)
+        elif all(w.state == "warm" for w in self.workers):
+            self._started = True
+            for w in self.workers:
+                self._catch_up(w)
 
     def _catch_up(self, worker: _Worker) -> None:
         """Send what an admin changed since the worker started, then let it serve."""
-        for op in self.admin_log[worker.seen :]:
-            self._send(worker, ("apply", None, *op))
+        for change in self.admin_log[worker.seen :]:
+            self._send(worker, Apply(None, change))
         worker.seen = len(self.admin_log)
-        self._send(worker, ("serve",))
+        self._send(worker, Serve())
 
-    def _send(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+    def _send(self, worker: _Worker, message: ToWorker) -> None:
         if worker.conn is not None:
             with contextlib.suppress(OSError):  # it is dying: its sentinel tells
                 worker.conn.send(message)
@@ -447,24 +335,24 @@ class Supervisor:
             if self.on_ready is not None:
                 self.on_ready(self)
 
-    def _relay(self, origin: _Worker, ident: int, op: str, name: str, version: int | None) -> None:
-        if op != "reload":
-            self.admin_log.append((op, name, version))
+    def _relay(self, origin: _Worker, key: RelayKey, change: AdminChange) -> None:
+        if change.replayed:
+            self.admin_log.append(change)
             origin.seen += 1
-        relay = _Relay(origin, ident)
+        relay = _Relay(origin, key)
         for w in self.workers:
             # a worker still starting gets the change from the log when it is warm
             if w is origin or w.conn is None or w.state in ("starting", "warm"):
                 continue
             relay.waiting.add(w.index)
-            self._send(w, ("apply", (origin.index, ident), op, name, version))
-            if op != "reload":
+            self._send(w, Apply(key, change))
+            if change.replayed:
                 w.seen += 1
-        self._relays[(origin.index, ident)] = relay
+        self._relays[key] = relay
         self._finish_relay(relay)
 
-    def _applied(self, worker: _Worker, key: tuple[Any, ...], error: str | None) -> None:
-        relay = self._relays.get((key[0], key[1]))
+    def _applied(self, worker: _Worker, key: RelayKey, error: str | None) -> None:
+        relay = self._relays.get(key)
         if relay is None:
             return
         relay.waiting.discard(worker.index)
@@ -475,8 +363,8 @@ class Supervisor:
     def _finish_relay(self, relay: _Relay) -> None:
         if relay.waiting:
             return
-        self._relays.pop((relay.origin.index, relay.ident), None)
-        self._send(relay.origin, ("relayed", relay.ident, "; ".join(relay.errors) or None))
+        self._relays.pop(relay.key, None)
+        self._send(relay.origin, Relayed(relay.key.ident, "; ".join(relay.errors) or None))
 
     # -- deaths, restarts, signals --------------------------------------------------------
 
@@ -488,9 +376,7 @@ class Supervisor:
             self._receive(worker)  # its last words ("failed")
         if worker.conn is not None:
             worker.conn.close()
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(worker.pid, self.metrics_dir)
+        mark_dead(worker.pid, self.metrics_dir)
         worker.process, worker.conn = None, None
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
         for relay in list(self._relays.values()):  # it will get the change again if restarted

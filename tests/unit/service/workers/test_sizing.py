@@ -10,18 +10,19 @@ import pytest
 from prometheus_client import CollectorRegistry, values
 
 from tests.handmade import make_version
-from textserve.service import supervisor
 from textserve.service.config import RuntimeConfig, ServerConfig
-from textserve.service.metrics import Metrics, server_registry
-from textserve.service.supervisor import (
+from textserve.service.metrics import Metrics
+from textserve.service.workers import sizing
+from textserve.service.workers.errors import SupervisorError
+from textserve.service.workers.metrics import server_registry
+from textserve.service.workers.sizing import (
     MODEL_BYTES_FACTOR,
     WORKER_BASE_BYTES,
-    SupervisorError,
-    reserve_port,
     resolve_workers,
     worker_config,
     worker_memory,
 )
+from textserve.service.workers.supervisor import reserve_port
 
 
 @pytest.fixture
@@ -32,8 +33,8 @@ def config(tmp_path: Path) -> ServerConfig:
 
 
 def machine(monkeypatch: pytest.MonkeyPatch, cpus: int, memory: int | None) -> None:
-    monkeypatch.setattr(supervisor, "cpu_limit", lambda: cpus)
-    monkeypatch.setattr(supervisor, "available_memory", lambda: memory)
+    monkeypatch.setattr(sizing, "cpu_limit", lambda: cpus)
+    monkeypatch.setattr(sizing, "available_memory", lambda: memory)
 
 
 def test_worker_memory_counts_the_newest_version_of_each_model(config: ServerConfig) -> None:
@@ -55,7 +56,7 @@ def test_auto_is_one_worker_per_cpu_up_to_8(
 
 def test_auto_with_cuda_is_at_most_4(monkeypatch: pytest.MonkeyPatch, config: ServerConfig) -> None:
     machine(monkeypatch, 16, 2**40)
-    monkeypatch.setattr(supervisor, "uses_gpu", lambda device: True)
+    monkeypatch.setattr(sizing, "uses_gpu", lambda device: True)
     assert resolve_workers("auto", config) == 4
 
 
@@ -91,7 +92,7 @@ def test_explicit_counts_and_their_errors(
 def test_each_worker_gets_its_share_of_the_cpus(
     monkeypatch: pytest.MonkeyPatch, config: ServerConfig
 ) -> None:
-    monkeypatch.setattr(supervisor, "cpu_limit", lambda: 8)
+    monkeypatch.setattr(sizing, "cpu_limit", lambda: 8)
     worker = worker_config(config, 4321, 3)
     assert worker.listen == "127.0.0.1:4321"
     assert worker.metrics_port is None  # the supervisor serves /metrics

@@ -1,0 +1,112 @@
+"""The one /metrics of `textserve serve --workers N`: the supervisor's registry over every
+worker's prometheus-client multiprocess files, the whole server's CPU and memory, and the
+supervisor's own series.
+
+    use_multiprocess_files(directory)       # in a worker, before any metric exists
+    registry = server_registry(directory, live_pids)  # in the supervisor
+    metrics = SupervisorMetrics(registry)   # textserve_worker_restarts_total, textserve_workers
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.multiprocess import MultiProcessCollector
+
+
+def use_multiprocess_files(directory: str) -> None:
+    """Make every metric this process creates from now on write to `directory`'s files
+    (PROMETHEUS_MULTIPROC_DIR), which the supervisor's /metrics reads."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()
+
+
+def mark_dead(pid: int, directory: str) -> None:
+    """A worker exited: its live gauges (queue depth, in-flight: livesum) go with it."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid, directory)
+
+
+class _ServedOnly:
+    """prometheus-client's MultiProcessCollector (every worker's files, each metric aggregated
+    as its type or `multiprocess_mode` says), less the textserve_model_info samples at 0: a
+    version a worker retired (the files cannot forget a series)."""
+
+    def __init__(self, path: str) -> None:
+        self._collector = MultiProcessCollector(None, path)
+
+    def collect(self) -> Any:
+        for family in self._collector.collect():
+            if family.name == "textserve_model_info":
+                family.samples = [s for s in family.samples if s.value != 0]
+            yield family
+
+
+class _ServerProcesses:
+    """process_cpu_seconds_total and process_resident_memory_bytes of the whole server: this
+    process (the supervisor), its live workers (from /proc) and, for CPU, the workers that
+    already exited (os.times' children). prometheus-client's process metrics cover one
+    process only and have no multiprocess mode; dashboards and `textserve bench` read these."""
+
+    def __init__(self, workers: Any) -> None:
+        self._workers = workers  # () -> the pids of the live workers
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._page = os.sysconf("SC_PAGESIZE")
+
+    def _stat(self, pid: int | str) -> tuple[float, float]:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            return 0.0, 0.0
+        # after the command: state is field 3, utime 14, stime 15, rss 24 (man proc)
+        return (int(fields[11]) + int(fields[12])) / self._tick, float(int(fields[21]) * self._page)
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        times = os.times()
+        cpu = times.user + times.system + times.children_user + times.children_system
+        _, rss = self._stat("self")
+        for pid in self._workers():
+            worker_cpu, worker_rss = self._stat(pid)
+            cpu += worker_cpu
+            rss += worker_rss
+        yield CounterMetricFamily(
+            "process_cpu_seconds", "CPU seconds of the server: supervisor and workers", cpu
+        )
+        yield GaugeMetricFamily(
+            "process_resident_memory_bytes",
+            "Resident memory of the server: supervisor and live workers",
+            rss,
+        )
+
+
+class SupervisorMetrics:
+    """The series of the supervisor of `--workers N` itself, on its /metrics registry (an
+    ordinary, in-memory one: the supervisor writes no multiprocess files)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.worker_restarts = Counter(
+            "textserve_worker_restarts",
+            "Worker processes the supervisor restarted after they died",
+            registry=registry,
+        )
+        self.workers = Gauge(
+            "textserve_workers", "Worker processes running (any state)", registry=registry
+        )
+
+
+def server_registry(path: str, workers: Any) -> CollectorRegistry:
+    """The registry of the supervisor's /metrics (`--workers N`): every worker's metrics from
+    the multiprocess files in `path`, and the server's CPU and memory (`workers()`: the pids of
+    the live workers)."""
+    registry = CollectorRegistry()
+    registry.register(_ServedOnly(path))
+    registry.register(_ServerProcesses(workers))
+    return registry
