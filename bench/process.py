@@ -169,7 +169,7 @@ def spawn(
         )
         reader.start()  # keep reading so the server never blocks on a full pipe
         try:
-            ready = _wait_ready(ready_file, process, timeout, lambda: _tail(output, log))
+            ready = _wait_ready(ready_file, process, full, timeout, lambda: _tail(output, log))
             yield ServerProcess(
                 address=str(ready["grpc"]),
                 metrics_url=ready.get("metrics"),
@@ -196,13 +196,17 @@ def stop(process: subprocess.Popen[Any], timeout: float = 30.0) -> int:
 
 
 def _wait_ready(
-    path: Path, process: subprocess.Popen[Any], timeout: float, tail: Callable[[], str]
+    path: Path,
+    process: subprocess.Popen[Any],
+    command: Sequence[str],
+    timeout: float,
+    tail: Callable[[], str],
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if process.poll() is not None:
             raise ServerStartError(
-                f"{' '.join(map(str, process.args))} exited with status {process.returncode} "
+                f"{' '.join(command)} exited with status {process.returncode} "
                 f"before it was ready:\n{tail()}"
             )
         if time.monotonic() > deadline:

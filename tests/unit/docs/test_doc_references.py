@@ -69,7 +69,8 @@ def _exists(base: Path, reference: str) -> bool:
             if not glob.glob(str(base / path)):
                 return False
         elif not target.exists():
-            # `service/cli.add_arguments`, `service/workers/sizing.py::worker_memory`: a name in a file
+            # `service/cli.add_arguments`, `service/workers/sizing.py::worker_memory`: a name in a
+            # file
             module = re.sub(r"(::.*|\.[A-Za-z_]\w*)$", "", path)
             if module == path or not (
                 (base / module).exists() or (base / (module + ".py")).exists()
