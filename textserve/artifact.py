@@ -30,10 +30,24 @@ MANIFEST_FILE = "manifest.json"
 MODEL_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
 CONTRACT_FILES = (MODEL_FILE, TOKENIZER_FILE)  # the only files a manifest may reference
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what is written; format 1 stays readable (missing fields: the defaults)
+FORMAT_VERSIONS = (1, 2)
 PRECISIONS = ("fp32", "fp16", "int8")
-INPUT_NAMES = ("input_ids", "attention_mask")
+INPUT_NAMES = ("input_ids", "attention_mask")  # every graph takes these
+OPTIONAL_INPUTS = ("token_type_ids",)  # fed only when the manifest lists it
+GRAPH_INPUTS = (*INPUT_NAMES, *OPTIONAL_INPUTS)
 OUTPUT_NAME = "logits"
+SOURCE_KINDS = ("textserve", "huggingface", "module")
+# softmax: single-label; sigmoid: multi-label (each label on its own); none: regression.
+ACTIVATIONS = ("softmax", "sigmoid", "none")
+TRUNCATION_SIDES = ("right", "left")
+DEFAULT_THRESHOLD = 0.5  # a sigmoid label passes at this score unless manifest/request say else
+# unk_token_id in memory when the manifest has none (format 1, or a v2 one without the key):
+# the id of the tokenizer's "[UNK]", format 1's rule. Never written: to_json leaves it out.
+UNK_BY_NAME = -1
+# Fields format 2 added: a format 1 manifest that has one is refused (it would be misread).
+V2_FIELDS = ("source", "inputs", "activation", "threshold", "unk_token_id", "truncation_side")
+
 # Versions go out as int64 (protobuf, Prometheus labels): a bigger one made every RPC fail.
 MAX_VERSION = 2**63 - 1
 # Size caps, checked before a byte is read: generous for real models (the largest we export is
@@ -166,6 +180,16 @@ def version_dir(model_dir: Path, version: int) -> Path:
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where a version's graph came from (`textserve models` and GetModel show it)."""
+
+    kind: str = "textserve"  # textserve (a run of textserve train) | huggingface | module
+    # TransformerClassifier, a transformers class (BertForSequenceClassification), pkg.mod:factory
+    architecture: str = "TransformerClassifier"
+    model_type: str | None = None  # Hugging Face config.model_type ("bert"), else None
+
+
+@dataclass(frozen=True)
 class Manifest:
     name: str  # model name, the directory above the version
     version: int  # positive integer, the version directory's name
@@ -177,19 +201,51 @@ class Manifest:
     sha256: dict[str, str]  # file name -> sha256 hex of model.onnx and tokenizer.json
     source_checkpoint_sha256: str  # sha256 of the run's model.safetensors
     parity: dict[str, float]  # max_abs_logit_diff, argmax_agreement, tolerance
-    test_accuracy: float  # accuracy of model.onnx on the run's test split
+    test_accuracy: float | None  # accuracy of model.onnx on a test split; None: none was given
     created_at: str  # ISO 8601, UTC
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)  # free-form (optimization, quantization...)
+    source: Source = field(default_factory=Source)
+    inputs: list[str] = field(default_factory=lambda: list(INPUT_NAMES))  # the graph's inputs
+    activation: str = "softmax"  # softmax | sigmoid | none, applied to the logits
+    threshold: float | None = None  # sigmoid's decision threshold; None: DEFAULT_THRESHOLD
+    # What a text with zero ids becomes; None: such a text is refused; UNK_BY_NAME: "[UNK]"'s id
+    unk_token_id: int | None = UNK_BY_NAME
+    truncation_side: str = "right"  # which end of an over-long text is cut: right | left
+
+    @property
+    def decision_threshold(self) -> float:
+        """The score at which a sigmoid label passes, unless a request sets its own."""
+        return DEFAULT_THRESHOLD if self.threshold is None else self.threshold
+
+    @property
+    def takes_token_type_ids(self) -> bool:
+        return "token_type_ids" in self.inputs
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as JSON data: format 1 as format 1 wrote it (no format 2 field), and
+        unk_token_id only when it is not format 1's rule."""
+        data = asdict(self)
+        if self.unk_token_id == UNK_BY_NAME:
+            del data["unk_token_id"]
+        if self.format_version == 1:
+            for name in V2_FIELDS:
+                data.pop(name, None)
+        return data
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_dict(cls, data: Any, source: str = MANIFEST_FILE) -> Manifest:
-        """A Manifest from parsed JSON, or ManifestError naming `source` and what is wrong."""
+        """A Manifest from parsed JSON, or ManifestError naming `source` and what is wrong.
+        A field format 1 lacks takes its default (the one way format 1 is read)."""
         validate_manifest(data, source)
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        values["format_version"] = data.get("format_version", 1)
+        if "source" in values:
+            values["source"] = Source(**values["source"])
+        return cls(**values)
 
     @classmethod
     def read(cls, version_dir: Path) -> Manifest:
@@ -311,6 +367,8 @@ def validate_manifest(data: Any, source: str = MANIFEST_FILE) -> None:
     """ManifestError naming `source` and the first problem unless `data` (parsed JSON) is a
     manifest by textserve/schemas/manifest.schema.json."""
     _check_plain(data, source)
+    if isinstance(data, dict):
+        _check_format(data, source)
     errors = sorted(_validator().iter_errors(data), key=_error_order)
     missing = [
         name
@@ -325,6 +383,32 @@ def validate_manifest(data: Any, source: str = MANIFEST_FILE) -> None:
         where = "/".join(str(p) for p in errors[0].absolute_path)
         raise ManifestError(
             f"{source}: {_cut(where, 64) + ': ' if where else ''}" + _cut(errors[0].message)
+        )
+    _check_meaning(data, source)
+
+
+def _check_format(data: dict[str, Any], source: str) -> None:
+    """The format_version rules, before the schema (whose if/else would blame other fields)."""
+    form = data.get("format_version", 1)
+    if type(form) is not int or form not in FORMAT_VERSIONS:
+        raise ManifestError(
+            f"{source}: format_version {_cut(repr(form), 32)} is not one this server reads "
+            f"({', '.join(map(str, FORMAT_VERSIONS))})"
+        )
+    newer = [name for name in V2_FIELDS if name in data]
+    if form == 1 and newer:
+        raise ManifestError(
+            f"{source} has format 2 field(s) {', '.join(newer)} but format_version 1; "
+            'write "format_version": 2'
+        )
+
+
+def _check_meaning(data: dict[str, Any], source: str) -> None:
+    """What the schema does not say: a regression model (activation none) has one output."""
+    if data.get("activation") == "none" and len(data["labels"]) != 1:
+        raise ManifestError(
+            f"{source}: activation 'none' (regression, one raw score) takes exactly one label, "
+            f"the manifest has {len(data['labels'])}"
         )
 
 

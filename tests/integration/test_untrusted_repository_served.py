@@ -66,11 +66,24 @@ WRONG: dict[str, st.SearchStrategy[Any]] = {
     "pad_token_id": st.one_of(st.integers(max_value=-1), st.integers(min_value=2**32)),
     "precision": st.text(max_size=5).filter(lambda p: p not in artifact.PRECISIONS),
     "name": st.sampled_from(["", 1, "someone-else"]),
-    "test_accuracy": st.one_of(st.floats(1.01, 1e300), st.sampled_from(["high", -0.5, None])),
+    # (null is a format 2 manifest's "no test split", a legal value)
+    "test_accuracy": st.one_of(st.floats(1.01, 1e300), st.sampled_from(["high", -0.5])),
     "parity": st.sampled_from([[1], {"x": "y"}, 3]),
     "opset": st.one_of(st.integers(max_value=0), st.just("18")),
     "extra": st.sampled_from([[], "x", 1]),
     "surprise": st.integers(),  # a key the schema does not know
+    # format 2's fields
+    "source": st.sampled_from(
+        [None, "hf", {"kind": "hub", "architecture": "X", "model_type": None}]
+    ),
+    "inputs": st.sampled_from(
+        [["input_ids"], ["input_ids", "attention_mask", "position_ids"], "x"]
+    ),
+    "activation": st.sampled_from(["tanh", None, "none"]),  # none: regression, 1 label only
+    "threshold": st.sampled_from([0, 1, 1.5, -0.1, "0.5"]),
+    "unk_token_id": st.sampled_from([-1, 2**32, 1.0, "1"]),
+    "truncation_side": st.sampled_from(["middle", None, ""]),
+    "format_version": st.sampled_from([0, 3, "2", 2.0, None]),
 }
 # Defects that are not one field's value: (kind, parameter).
 SPECIAL = st.one_of(

@@ -100,7 +100,7 @@ def format_table(versions: list[VersionInfo]) -> str:
                 v.name,
                 str(v.version),
                 m.precision if m else "-",
-                f"{m.test_accuracy:.2%}" if m else "-",
+                f"{m.test_accuracy:.2%}" if m and m.test_accuracy is not None else "-",
                 _human(v.size_bytes),
                 str(m.opset) if m else "-",
                 m.created_at if m else "-",

@@ -23,7 +23,7 @@ MODEL_STATE_UNLOADING: ModelState
 MODEL_STATE_FAILED: ModelState
 
 class ClassifyRequest(_message.Message):
-    __slots__ = ("id", "texts", "model", "version", "truncate", "top_k", "all_scores")
+    __slots__ = ("id", "texts", "model", "version", "truncate", "top_k", "all_scores", "text_pairs", "threshold")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,8 @@ class ClassifyRequest(_message.Message):
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     ALL_SCORES_FIELD_NUMBER: _ClassVar[int]
+    TEXT_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     id: str
     texts: _containers.RepeatedScalarFieldContainer[str]
     model: str
@@ -38,7 +40,9 @@ class ClassifyRequest(_message.Message):
     truncate: bool
     top_k: int
     all_scores: bool
-    def __init__(self, id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., truncate: _Optional[bool] = ..., top_k: _Optional[int] = ..., all_scores: _Optional[bool] = ...) -> None: ...
+    text_pairs: _containers.RepeatedScalarFieldContainer[str]
+    threshold: float
+    def __init__(self, id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., truncate: _Optional[bool] = ..., top_k: _Optional[int] = ..., all_scores: _Optional[bool] = ..., text_pairs: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ...) -> None: ...
 
 class LabelScore(_message.Message):
     __slots__ = ("label", "score")
@@ -49,20 +53,22 @@ class LabelScore(_message.Message):
     def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class TextResult(_message.Message):
-    __slots__ = ("label", "score", "top", "scores", "num_tokens", "truncated")
+    __slots__ = ("label", "score", "top", "scores", "num_tokens", "truncated", "labels_over_threshold")
     LABEL_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
     SCORES_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    LABELS_OVER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     label: str
     score: float
     top: _containers.RepeatedCompositeFieldContainer[LabelScore]
     scores: _containers.RepeatedScalarFieldContainer[float]
     num_tokens: int
     truncated: bool
-    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ..., top: _Optional[_Iterable[_Union[LabelScore, _Mapping]]] = ..., scores: _Optional[_Iterable[float]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    labels_over_threshold: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ..., top: _Optional[_Iterable[_Union[LabelScore, _Mapping]]] = ..., scores: _Optional[_Iterable[float]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., labels_over_threshold: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("queue_seconds", "tokenize_seconds", "inference_seconds", "total_seconds")
@@ -177,7 +183,7 @@ class BatchingStats(_message.Message):
     def __init__(self, batches: _Optional[int] = ..., items: _Optional[int] = ..., mean_batch_size: _Optional[float] = ..., max_batch_size_seen: _Optional[int] = ..., dropped_deadline: _Optional[int] = ..., dropped_cancelled: _Optional[int] = ..., rejected_overloaded: _Optional[int] = ..., queue_depth: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_queue_delay_seconds: _Optional[float] = ..., max_queue_size: _Optional[int] = ..., padded_tokens: _Optional[int] = ..., padding_tokens: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "state", "labels", "max_length", "execution_provider", "precision", "versions", "batching", "is_default", "test_accuracy", "created_at")
+    __slots__ = ("name", "version", "state", "labels", "max_length", "execution_provider", "precision", "versions", "batching", "is_default", "test_accuracy", "created_at", "source_kind", "architecture", "model_type", "activation", "inputs", "threshold", "truncation_side")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +196,13 @@ class ModelInfo(_message.Message):
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_KIND_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATION_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_SIDE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     state: ModelState
@@ -202,4 +215,11 @@ class ModelInfo(_message.Message):
     is_default: bool
     test_accuracy: float
     created_at: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., labels: _Optional[_Iterable[str]] = ..., max_length: _Optional[int] = ..., execution_provider: _Optional[str] = ..., precision: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[VersionStatus, _Mapping]]] = ..., batching: _Optional[_Union[BatchingStats, _Mapping]] = ..., is_default: _Optional[bool] = ..., test_accuracy: _Optional[float] = ..., created_at: _Optional[str] = ...) -> None: ...
+    source_kind: str
+    architecture: str
+    model_type: str
+    activation: str
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    threshold: float
+    truncation_side: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., labels: _Optional[_Iterable[str]] = ..., max_length: _Optional[int] = ..., execution_provider: _Optional[str] = ..., precision: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[VersionStatus, _Mapping]]] = ..., batching: _Optional[_Union[BatchingStats, _Mapping]] = ..., is_default: _Optional[bool] = ..., test_accuracy: _Optional[float] = ..., created_at: _Optional[str] = ..., source_kind: _Optional[str] = ..., architecture: _Optional[str] = ..., model_type: _Optional[str] = ..., activation: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., truncation_side: _Optional[str] = ...) -> None: ...
