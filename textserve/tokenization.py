@@ -101,10 +101,10 @@ def pad(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[np.ndarray, n
 
 def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
     """How many content tokens of a pair stay under `budget`: tokenizers' LongestFirst
-    truncation (tokenizers/src/utils/truncation.rs, truncate_encodings), the same numbers.
+    truncation (truncate_encodings in the tokenizers crate), the same numbers.
 
     >>> longest_first(3, 10, 8), longest_first(10, 10, 8), longest_first(10, 10, 7)
-    ((3, 5), (4, 4), (4, 3))
+    ((3, 5), (4, 4), (3, 4))
     """
     if first + second <= budget:
         return first, second
@@ -119,8 +119,9 @@ def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
 class Tokenization:
     """The contract bound to one tokenizer and model: what every path calls.
 
-    >>> from tokenizers import Tokenizer, models
+    >>> from tokenizers import Tokenizer, models, pre_tokenizers
     >>> tok = Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1, "good": 2}, unk_token="[UNK]"))
+    >>> tok.pre_tokenizer = pre_tokenizers.Whitespace()
     >>> Tokenization(tok, max_length=2).encode(["good good good", ""])
     [[2, 2], [1]]
     """
@@ -232,10 +233,7 @@ class Tokenization:
             return None
         counts = [int((sequence == k).sum()) for k in (0, 1)]
         budget = self.max_length - specials
-        if counts[1]:
-            stay = longest_first(counts[0], counts[1], budget)
-        else:
-            stay = (budget, 0)
+        stay = longest_first(counts[0], counts[1], budget)  # (budget, 0) for a single text
         keep = sequence < 0
         for k in (0, 1):
             mine = sequence == k

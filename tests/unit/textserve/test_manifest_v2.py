@@ -86,7 +86,7 @@ def test_a_format_1_version_is_served(tmp_path: Path) -> None:
         config = ServerConfig(
             repository=tmp_path, metrics_port=None, runtime=RuntimeConfig(intra_op_threads=1)
         )
-        repository = ModelRepository(config, None)
+        repository = ModelRepository.from_server(config)
         try:
             await repository.load_all()
             handle = repository.get()
