@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,30 @@ def dashboard_panels(_: str | None) -> str:
     return "\n".join(out)
 
 
+# --- the metrics ------------------------------------------------------------------------------
+
+
+def metrics(_: str | None) -> str:
+    """Every metric the server and the --workers supervisor define, from the code itself."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from prometheus_client import CollectorRegistry
+
+    from textserve.service.metrics import Metrics
+    from textserve.service.workers.metrics import SupervisorMetrics
+
+    rows = []
+    for make in (Metrics, SupervisorMetrics):
+        registry = CollectorRegistry()
+        make(registry=registry)
+        for collector in registry._collector_to_names:  # the metric objects, as registered
+            kind = getattr(collector, "_type", "")
+            name = collector._name + ("_total" if kind == "counter" else "")
+            labels = ", ".join(f"`{label}`" for label in collector._labelnames) or "—"
+            rows.append([f"`{name}`", kind, labels, collector._documentation])
+    return _table(["metric", "type", "labels", "meaning"], rows)
+
+
 # --- benchmark results -----------------------------------------------------------------------
 
 
@@ -163,7 +188,7 @@ def _bench_run(folder: Path, image: str | None) -> str:
             ]
             for t in targets
         ]
-        parts += ["", _table(["target", "measured", "target", ""], rows, "---|---:|---|---")]
+        parts += ["", _table(["target", "measured", "goal", ""], rows, "---|---:|---|---")]
     if image:
         parts += ["", f"![{image}](assets/bench/{image})"]
     return "\n".join(parts)
@@ -223,6 +248,7 @@ def bench_export(_: str | None) -> str:
 
 
 PARTS: dict[str, Callable[[str | None], str]] = {
+    "metrics": metrics,
     "manifest-schema": manifest_schema,
     "dashboard-panels": dashboard_panels,
     "bench-textserve": bench_textserve,

@@ -35,6 +35,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert "source_checkpoint_sha256" in manifest and "generated:" not in manifest
     dashboard = (tmp_path / "site" / "dashboard" / "index.html").read_text("utf-8")
     assert "textserve_requests_total" in dashboard
+    metrics = (tmp_path / "site" / "metrics" / "index.html").read_text("utf-8")
+    assert "textserve_inflight_texts" in metrics and "textserve_worker_restarts_total" in metrics
     assert (tmp_path / "site" / "assets" / "bench" / "textserve_bench.png").is_file()
 
 
