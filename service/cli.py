@@ -62,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "as the memory holds; 1: a single process, no supervisor",
     )
     flag(
+        "worker-timeout",
+        _text(server.worker_timeout),
+        "--workers N: seconds a worker may leave the supervisor's heartbeat unanswered "
+        "(stopped, or its event loop blocked) before it is killed and restarted",
+        type=float,
+    )
+    flag(
         "ready-file",
         None,
         "once serving, write PATH (JSON: pid, grpc address, metrics URL; removed at exit): "
@@ -224,6 +231,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             metrics_host=args.metrics_host,
             max_texts_per_request=args.max_texts_per_request,
             grace_period=args.grace_period,
+            worker_timeout=args.worker_timeout,
             max_message_bytes=args.max_message_bytes,
             stream_max_inflight=args.stream_max_inflight,
             security=SecurityConfig(
