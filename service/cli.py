@@ -289,13 +289,13 @@ def run(args: argparse.Namespace) -> int:
             if server.metrics_port
             else None
         )
-        if args.ready_file:
-            write_ready_file(Path(args.ready_file), server.address, metrics, workers)
         print(
             f"textserve is serving on {server.address} (metrics: {metrics or 'off'}). Try:\n"
             f"  textserve classify --server {server.address} 'a gripping, beautifully acted film'",
             flush=True,
         )
+        if args.ready_file:  # after the line: whoever waits for the file finds it printed
+            write_ready_file(Path(args.ready_file), server.address, metrics, workers)
 
     try:
         if workers > 1:

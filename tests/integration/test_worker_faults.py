@@ -149,7 +149,8 @@ def test_a_sigkilled_supervisors_metrics_folder_is_removed_at_the_next_start(
     with serve_subprocess(repository, "--workers", "2", env=env) as again:
         (now,) = temporary.glob("textserve-metrics-*")
         assert now != left and not left.exists()
-        assert f"removed {left}: its server (pid {server.process.pid}) is gone" in again.text()
+        said = f"removed {left}: its server (pid {server.process.pid}) is gone"
+        poll(lambda: said in again.text(), "the removal's log line")
         again.process.terminate()
         assert again.process.wait(timeout=60) == 0
     assert not list(temporary.glob("textserve-metrics-*"))  # a clean exit removes its own

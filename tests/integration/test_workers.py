@@ -124,7 +124,7 @@ def test_every_worker_serves_and_metrics_sum_over_workers(
     repository: Path, closing: list[Connection]
 ) -> None:
     with serve_subprocess(repository, "--workers", "2") as server:
-        assert "textserve is serving on" in server.text()
+        poll(lambda: "textserve is serving on" in server.text(), "the ready line")
         assert server.metrics_url is not None
         closing += connections_to_every_worker(server.address, 2)
         per_worker: Counter[str] = Counter()
