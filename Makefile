@@ -80,6 +80,7 @@ bench: venv
 	  --output bench/results/workers --workers $(BENCH_WORKERS) --concurrency 64,128
 	$(PY) -m textserve.export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \
 	  --json bench/results/export_bench.json
+	$(PY) -m textserve.export.bench_foreign --json bench/results/export_bench_bert.json
 
 ## mutate: mutation testing (mutmut) of the core modules, one group at a time against the unit
 ## tests that cover it; not part of `make test` (minutes per group). GROUPS="batcher status"

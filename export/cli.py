@@ -1,10 +1,16 @@
-"""`textserve export RUN_DIR`: export a training run to ONNX as the next version of a model.
+"""`textserve export SOURCE`: export a model to ONNX, checked, as the next version of a model.
+
+SOURCE is a textserve run folder (`textserve train`'s output) or a local Hugging Face model
+folder (save_pretrained: config.json, model.safetensors or pytorch_model.bin, tokenizer.json),
+told apart by its files; or no SOURCE and `--module package.module:factory` for any PyTorch
+classifier taking (input_ids, attention_mask), with --tokenizer and --labels.
 
 Checks before publishing: onnx.checker (full), the graph contract, parity with PyTorch at batch
-1/7/64 × length 1/5/37/max_length (max |Δlogit| <= 1e-4 for fp32), 100% argmax agreement on the
-test split; the same again after onnxruntime's offline optimization; for --quantize int8 and
---fp16 the test accuracy may drop at most --max-accuracy-drop points. Exit status: 0 published,
-1 a check failed (nothing published), 2 bad input.
+1/7/64 × length 1/5/37/max_length (max |Δlogit| <= 1e-4 for fp32); for a run, 100% argmax
+agreement on its test split; for a Hugging Face folder, textserve's tokenization equal to its
+AutoTokenizer's and served scores within 1e-4 of transformers' pipeline; the same again after
+optimization; for --quantize int8 and --fp16 the accuracy may drop at most --max-accuracy-drop
+points. Exit status: 0 published, 1 a check failed (nothing published), 2 bad input.
 """
 
 from __future__ import annotations
@@ -13,58 +19,139 @@ import argparse
 import sys
 from pathlib import Path
 
-from textserve.cli import env_flag
+from textserve.cli import CliError, env_flag
 from textserve.export import options
 
 # No torch/onnx here: `textserve --help` imports this module; run() imports the exporter.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (runs/...)")
+    parser.add_argument(
+        "source",
+        type=Path,
+        metavar="SOURCE",
+        nargs="?",
+        help="a run directory (runs/...) or a Hugging Face model folder",
+    )
     add_destination(parser)
-    options.add_arguments(parser, foreign=False)
+    options.add_arguments(parser)
+    parser.add_argument(
+        "--module",
+        metavar="PKG.MOD:FACTORY",
+        help="export the torch.nn.Module this factory returns (no SOURCE)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="TOKENIZER_JSON",
+        help="--module's tokenizer (a tokenizers tokenizer.json)",
+    )
+    parser.add_argument("--labels", help="--module's labels in logit order, comma-separated")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
 
 def add_destination(parser: argparse.ArgumentParser) -> None:
     """--repository and --name, as `export` and `setup-default` both take them."""
-    env_flag(parser, "TEXTSERVE_", "repository", "models", "the model repository (default: models)",
-             type=Path)  # fmt: skip
-    env_flag(parser, "TEXTSERVE_", "name", "default", "model name: the version goes to "
-             "REPOSITORY/NAME/<N>/ (default: default)", env="TEXTSERVE_MODEL")  # fmt: skip
+    env_flag(
+        parser,
+        "TEXTSERVE_",
+        "repository",
+        "models",
+        "the model repository (default: models)",
+        type=Path,
+    )
+    env_flag(
+        parser,
+        "TEXTSERVE_",
+        "name",
+        "default",
+        "model name: the version goes to REPOSITORY/NAME/<N>/ (default: default)",
+        env="TEXTSERVE_MODEL",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from textserve.cli import CliError
-
     opts = options.from_args(args)
-    from textserve.artifact import MODEL_FILE, Manifest
     from textserve.export.errors import CheckFailed, ExportError
-    from textserve.export.onnx_export import export_run
 
     try:
-        version_dir = export_run(args.run_dir, args.repository, args.name, opts)
+        version_dir = _export(args, opts)
     except CheckFailed as exc:
         # A model that fails a check is a result, not a usage error: exit 1, not 2.
         print(f"textserve export: {exc}; nothing was published", file=sys.stderr)
         return 1
     except ExportError as exc:
         raise CliError(str(exc)) from None
+    _report(version_dir, args.json)
+    return 0
+
+
+def _export(args: argparse.Namespace, opts: options.ExportOptions) -> Path:
+    from textserve.export.publish import check_name
+    from textserve.export.sources import kind_of
+
+    check_name(args.name)  # before SOURCE is looked at: a bad name is the cheaper mistake
+    if args.module:
+        if args.source is not None:
+            raise CliError("give SOURCE or --module, not both")
+        from textserve.export.foreign_export import export_foreign
+        from textserve.export.module_source import load_module
+
+        labels = [x.strip() for x in (args.labels or "").split(",") if x.strip()]
+        foreign = load_module(args.module, args.tokenizer, labels, opts)
+        return export_foreign(foreign, args.repository, args.name, opts)
+    if args.source is None:
+        raise CliError("give SOURCE (a run or Hugging Face folder) or --module PKG.MOD:FACTORY")
+    if args.tokenizer or args.labels:
+        raise CliError("--tokenizer and --labels go with --module; a folder brings its own")
+    if kind_of(args.source) == "textserve":
+        foreign_only = {
+            "--max-length": opts.max_length,
+            "--test-data": opts.test_data,
+            "--trust-remote-code": opts.trust_remote_code,
+            "--truncation-side": opts.truncation_side != "right",
+        }
+        given = [flag for flag, value in foreign_only.items() if value]
+        if given:
+            raise CliError(
+                f"{', '.join(given)}: for Hugging Face folders and --module; a run "
+                "brings its own max_length, test split and truncation"
+            )
+        from textserve.export.onnx_export import export_run
+
+        return export_run(args.source, args.repository, args.name, opts)
+    from textserve.export.foreign_export import export_foreign
+    from textserve.export.huggingface import load_folder
+
+    return export_foreign(load_folder(args.source, opts), args.repository, args.name, opts)
+
+
+def _report(version_dir: Path, as_json: bool) -> None:
+    from textserve.artifact import MODEL_FILE, Manifest
+
     manifest = Manifest.read(version_dir)
-    if args.json:
+    if as_json:
         print(manifest.to_json(), end="")
-        return 0
+        return
     size = (version_dir / MODEL_FILE).stat().st_size
+    accuracy = (
+        "no test split"
+        if manifest.test_accuracy is None
+        else f"test accuracy {manifest.test_accuracy:.2%}"
+    )
+    agreement = manifest.parity.get("argmax_agreement")
     print(
         f"published {version_dir}: {manifest.precision}, opset {manifest.opset}, "
-        f"{size / 1e6:.2f} MB, test accuracy {manifest.test_accuracy:.2%}, "
-        f"max |Δlogit| {manifest.parity['max_abs_logit_diff']:.2g}, "
-        f"argmax agreement {manifest.parity['argmax_agreement']:.2%}"
+        f"{size / 1e6:.2f} MB, {accuracy}, "
+        f"max |Δlogit| {manifest.parity['max_abs_logit_diff']:.2g}"
+        + ("" if agreement is None else f", argmax agreement {agreement:.2%}")
     )
+    served = manifest.parity.get("served_max_abs_score_diff")
+    if served is not None:
+        print(f"  served scores vs transformers' pipeline: max |Δ| {served:.2g}")
     quant = manifest.extra.get("quantization") or manifest.extra.get("fp16")
-    if quant:
+    if quant and "fp32_test_accuracy" in quant and manifest.test_accuracy is not None:
         print(
             f"  vs fp32: test accuracy {quant['fp32_test_accuracy']:.2%} → "
             f"{manifest.test_accuracy:.2%} ({quant['accuracy_delta_points']:+.2f} points)"
         )
-    return 0

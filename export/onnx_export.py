@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,12 +27,11 @@ from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file
 from textserve.export import transforms, validate
 from textserve.export.errors import ExportError
 from textserve.export.options import ExportOptions
-from textserve.export.publish import make_temp_dir, publish
+from textserve.export.publish import check_name, make_temp_dir, publish
 from textserve.model.checkpoint import Run
 
 logger = logging.getLogger(__name__)
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # fp16 against the fp32 PyTorch model: float16 keeps ~3 significant digits, so logits of a few
 # units differ by up to ~1e-2; 5e-2 + 1e-2·|logit| leaves room without hiding a broken graph.
 FP16_ATOL = 5e-2
@@ -104,15 +102,6 @@ def export_run(
         raise
     logger.info("published %s (%s)", version_dir, built.precision)
     return version_dir
-
-
-def check_name(name: str) -> None:
-    """ExportError unless `name` may be a model name (a directory of the repository)."""
-    if not NAME_PATTERN.match(name):
-        raise ExportError(
-            f"model name {name!r} must be letters, digits, '.', '_' or '-' "
-            "(at most 128, not starting with '.', '_' or '-')"
-        )
 
 
 def _load_run(run_dir: str | Path, threads: int | None) -> Run:

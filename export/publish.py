@@ -24,6 +24,16 @@ from textserve.export.errors import ExportError
 logger = logging.getLogger(__name__)
 
 TEMP_PREFIX = ".tmp-"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(name: str) -> None:
+    """ExportError unless `name` may be a model name (a directory of the repository)."""
+    if not NAME_PATTERN.match(name):
+        raise ExportError(
+            f"model name {name!r} must be letters, digits, '.', '_' or '-' "
+            "(at most 128, not starting with '.', '_' or '-')"
+        )
 
 
 def make_temp_dir(model_dir: Path) -> Path:

@@ -181,6 +181,9 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, object]:
             per_channel=False,
             reduce_range=False,
             op_types_to_quantize=["MatMul", "Gemm"],
+            # onnxruntime.transformers.optimizer's fused graphs (com.microsoft ops) leave some
+            # MatMul outputs without an inferred type; they are float, as every output here
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     finally:
         logging.getLogger().removeFilter(noise)

@@ -64,8 +64,14 @@ def make_session(
     return session
 
 
-def check_model(onnx_path: Path | str, *, num_labels: int | None = None) -> int:
-    """onnx.checker with full checks plus the graph contract; returns the default-domain opset."""
+def check_model(
+    onnx_path: Path | str,
+    *,
+    num_labels: int | None = None,
+    inputs: Sequence[str] = INPUT_NAMES,
+) -> int:
+    """onnx.checker with full checks plus the graph contract (`inputs`, in order: the manifest
+    lists them); returns the default-domain opset."""
     try:
         # The path form (not a loaded proto) also works for models over 2 GB.
         onnx.checker.check_model(str(onnx_path), full_check=True)
@@ -79,7 +85,7 @@ def check_model(onnx_path: Path | str, *, num_labels: int | None = None) -> int:
             "graph contract", f"opset {opset} < {MIN_OPSET}", figure=opset, limit=MIN_OPSET
         )
     try:
-        check_graph(model, num_labels=num_labels, strict=True)
+        check_graph(model, inputs, num_labels=num_labels, strict=True)
     except GraphContractError as exc:
         raise CheckFailed("graph contract", str(exc)) from None
     return int(opset)

@@ -66,7 +66,7 @@ def test_a_failed_check_exits_1_naming_check_and_figure(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--name", "m"], "run directory {missing} does not exist"),
+        (["--name", "m"], "{missing} does not exist: SOURCE is a textserve run folder"),
         (["--name", "a/b"], "model name 'a/b' must be"),
         (["--name", "m", "--fp16", "--quantize", "int8"], "choose one of --quantize int8"),
         (["--name", "m", "--threads", "0"], "--threads must be >= 1"),

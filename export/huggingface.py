@@ -1,0 +1,308 @@
+"""A local Hugging Face sequence classifier (a `save_pretrained` folder) as a `Foreign` model.
+
+    foreign = load_folder(Path("my-finetuned-bert"), ExportOptions())
+
+What the manifest needs is derived as transformers and text-embeddings-inference derive it:
+labels from id2label (LABEL_i where missing), the activation from problem_type, max_length from
+max_position_embeddings less the position offset (RoBERTa-family: pad_token_id + 1), capped by
+tokenizer_config.json's model_max_length and --max-length; graph inputs in forward()'s order.
+Remote code runs only with --trust-remote-code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from textserve.export.errors import ExportError
+from textserve.export.options import ExportOptions
+from textserve.export.sources import HF_WEIGHTS, Foreign, check_huggingface_files
+
+logger = logging.getLogger(__name__)
+
+GRAPH_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# Model types whose positions start after the pad id (position ids = cumsum(mask) + pad id),
+# so max_position_embeddings - (pad_token_id + 1) positions are usable (TEI's rule).
+POSITION_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert")
+# onnxruntime.transformers.optimizer's model type per Hugging Face model type (its BERT fusions
+# also match these encoders' attention); others are optimized by onnxruntime's basic level only.
+ORT_MODEL_TYPES = {
+    "bert": "bert",
+    "distilbert": "bert",
+    "roberta": "bert",
+    "xlm-roberta": "bert",
+    "camembert": "bert",
+    "electra": "bert",
+}
+# tokenizer_config.json's model_max_length when it was never set (transformers' VERY_LARGE_INTEGER)
+_UNSET_LENGTH = 10**12
+ACTIVATIONS = {
+    "single_label_classification": "softmax",
+    "multi_label_classification": "sigmoid",
+    "regression": "none",
+}
+
+
+class _Logits(torch.nn.Module):
+    """The classifier's logits, inputs by name: the exporter passes them positionally in
+    `inputs` order, which must be forward()'s (the parity checks prove it was)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+        return self.model(*args, **kwargs, return_dict=True).logits  # (B, num_labels)
+
+
+def load_folder(folder: Path, opts: ExportOptions) -> Foreign:
+    """ExportError (exit 2) for a folder textserve cannot export, saying what to do."""
+    check_huggingface_files(folder)
+    transformers = _import_transformers()
+    config_path = folder / "config.json"
+    raw = json.loads(config_path.read_text(encoding="utf-8"))
+    _check_remote_code(folder, raw, opts)
+    _check_architecture(folder, raw)
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            folder, trust_remote_code=opts.trust_remote_code, local_files_only=True
+        )
+    except (ValueError, KeyError, OSError) as exc:
+        raise ExportError(f"{config_path}: transformers cannot read it: {_first(exc)}") from None
+    model = _load_model(transformers, folder, config, opts)
+    tokenizer = _load_tokenizer(transformers, folder, opts)
+    labels = _labels(config, model, folder)
+    inputs = graph_inputs(model.forward, getattr(config, "type_vocab_size", 0))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
+    if pad is None:
+        raise ExportError(
+            f"{folder}: neither the tokenizer nor config.json names a pad token; set "
+            "tokenizer.pad_token (e.g. to its eos token) and save_pretrained again"
+        )
+    model_type = getattr(config, "model_type", None)
+    return Foreign(
+        model=_Logits(model).eval(),
+        inputs=inputs,
+        labels=labels,
+        activation=activation(config, len(labels), folder),
+        max_length=max_length(config, tokenizer.model_max_length, opts.max_length, folder),
+        pad_token_id=int(pad),
+        unk_token_id=tokenizer.unk_token_id,
+        tokenizer_file=folder / "tokenizer.json",
+        checkpoint=next(folder / n for n in HF_WEIGHTS if (folder / n).is_file()),
+        source={
+            "kind": "huggingface",
+            "architecture": type(model).__name__,
+            "model_type": model_type,
+        },
+        vocab_size=int(config.vocab_size),
+        type_vocab_size=int(getattr(config, "type_vocab_size", 0) or 0),
+        folder=folder,
+        hf_model=model,
+        ort_model_type=ORT_MODEL_TYPES.get(model_type or ""),
+        shape=_attention_shape(config),
+        extra={"transformers": transformers.__version__},
+    )
+
+
+def graph_inputs(forward: Any, type_vocab_size: int) -> list[str]:
+    """The graph's inputs in forward()'s parameter order: input_ids, attention_mask and, where
+    the embeddings have more than one token type, token_type_ids (a RoBERTa's one type is 0)."""
+    names = [n for n in inspect.signature(forward).parameters if n in GRAPH_INPUTS]
+    if type_vocab_size <= 1 and "token_type_ids" in names:
+        names.remove("token_type_ids")
+    if names[:2] != ["input_ids", "attention_mask"] and set(names) >= {"input_ids"}:
+        # Only order matters for the export, which passes inputs positionally; say what it is.
+        logger.info("graph inputs in forward()'s order: %s", names)
+    if "input_ids" not in names or "attention_mask" not in names:
+        raise ExportError(
+            f"the model's forward() takes {names}; textserve feeds input_ids and attention_mask"
+        )
+    return names
+
+
+def activation(config: Any, num_labels: int, folder: Path) -> str:
+    """What transformers' text-classification pipeline applies: sigmoid for multi-label, none
+    for regression, softmax for single-label; a config without problem_type and one logit
+    gets sigmoid, as the pipeline does."""
+    problem = getattr(config, "problem_type", None)
+    if problem is None:
+        return "sigmoid" if num_labels == 1 else "softmax"
+    if problem not in ACTIVATIONS:
+        raise ExportError(f"{folder}/config.json: unknown problem_type {problem!r}")
+    if problem == "regression" and num_labels != 1:
+        raise ExportError(
+            f"{folder}/config.json: a regression model with {num_labels} outputs; textserve "
+            "serves regression with one output (num_labels 1)"
+        )
+    return ACTIVATIONS[problem]
+
+
+def max_length(config: Any, tokenizer_max: Any, cap: int | None, folder: Path) -> int:
+    """max_position_embeddings less the position offset, capped by the tokenizer's
+    model_max_length and by `cap` (--max-length)."""
+    candidates = []
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        offset = 0
+        if getattr(config, "model_type", None) in POSITION_OFFSET_TYPES:
+            offset = int(getattr(config, "pad_token_id", 0) or 0) + 1
+        candidates.append(positions - offset)
+    if isinstance(tokenizer_max, int) and 0 < tokenizer_max < _UNSET_LENGTH:
+        candidates.append(tokenizer_max)
+    if cap is not None:
+        candidates.append(cap)
+    if not candidates:
+        raise ExportError(
+            f"{folder}: neither config.json (max_position_embeddings) nor tokenizer_config.json "
+            "(model_max_length) says how long an input may be; pass --max-length"
+        )
+    length = min(candidates)
+    if length < 1:
+        raise ExportError(f"{folder}: the derived max_length is {length}; pass --max-length")
+    return length
+
+
+def _import_transformers() -> Any:
+    try:
+        import transformers
+    except ModuleNotFoundError:
+        raise ExportError(
+            "exporting a Hugging Face folder needs transformers: pip install 'textserve[train]'"
+        ) from None
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+def _check_remote_code(folder: Path, raw: dict[str, Any], opts: ExportOptions) -> None:
+    auto_map = raw.get("auto_map")
+    if auto_map and not opts.trust_remote_code:
+        where = (
+            auto_map.get("AutoModelForSequenceClassification")
+            if isinstance(auto_map, dict)
+            else auto_map
+        )
+        raise ExportError(
+            f"{folder}/config.json points at the folder's own Python code ({where}); "
+            "textserve runs it only with --trust-remote-code (read that code first)"
+        )
+
+
+def _check_architecture(folder: Path, raw: dict[str, Any]) -> None:
+    architectures = raw.get("architectures")
+    if (
+        isinstance(architectures, list)
+        and architectures
+        and not any(
+            isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures
+        )
+    ):
+        raise ExportError(
+            f"{folder} holds a {', '.join(map(str, architectures))}, not a sequence classifier; "
+            "textserve serves ...ForSequenceClassification models (fine-tune one with "
+            "AutoModelForSequenceClassification and save_pretrained it)"
+        )
+
+
+def _load_model(transformers: Any, folder: Path, config: Any, opts: ExportOptions) -> Any:
+    auto = transformers.AutoModelForSequenceClassification
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # eager attention: the one every architecture exports through torch.onnx as traced
+            model = auto.from_pretrained(
+                folder,
+                config=config,
+                trust_remote_code=opts.trust_remote_code,
+                local_files_only=True,
+                attn_implementation="eager",
+            )
+    except ValueError as exc:
+        if "Unrecognized configuration class" in str(exc):
+            raise ExportError(
+                f"{folder}: transformers has no sequence classifier for model_type "
+                f"{getattr(config, 'model_type', None)!r}"
+            ) from None
+        raise ExportError(f"{folder}: transformers cannot load the model: {_first(exc)}") from None
+    except (RuntimeError, OSError) as exc:
+        width = _classifier_width(folder)
+        if width is not None and width != config.num_labels:
+            raise ExportError(
+                f"{folder}/config.json's id2label has {config.num_labels} labels, the classifier "
+                f"gives {width} logits"
+            ) from None
+        raise ExportError(f"{folder}: transformers cannot load the model: {_first(exc)}") from None
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    return model.eval()
+
+
+def _load_tokenizer(transformers: Any, folder: Path, opts: ExportOptions) -> Any:
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            folder, trust_remote_code=opts.trust_remote_code, local_files_only=True
+        )
+    except (ValueError, OSError, KeyError) as exc:
+        raise ExportError(
+            f"{folder}: transformers cannot load the tokenizer: {_first(exc)}"
+        ) from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ExportError(f"{folder}: the tokenizer is not a fast (tokenizer.json) one")
+    tokenizer.truncation_side = opts.truncation_side
+    return tokenizer
+
+
+def _labels(config: Any, model: Any, folder: Path) -> list[str]:
+    """Label names in logit order: id2label, LABEL_i where an index has none; ExportError when
+    config.json's labels and the classifier's width disagree."""
+    width = _logits_width(model)
+    id2label = {int(k): str(v) for k, v in (getattr(config, "id2label", None) or {}).items()}
+    if width is not None and id2label and max(id2label) >= width:
+        raise ExportError(
+            f"{folder}/config.json's id2label has {len(id2label)} labels, the classifier gives "
+            f"{width} logits"
+        )
+    n = width if width is not None else int(config.num_labels)
+    return [id2label.get(i, f"LABEL_{i}") for i in range(n)]
+
+
+def _logits_width(model: Any) -> int | None:
+    """The classifier's output width, from a forward pass on one short text."""
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    return int(logits.shape[-1])
+
+
+def _classifier_width(folder: Path) -> int | None:
+    """The width of the checkpoint's last classifier layer (model.safetensors), if it has one
+    by the usual names (BERT-style classifier.weight, RoBERTa-style classifier.out_proj.weight)."""
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as weights:
+        for name in ("classifier.out_proj.weight", "classifier.weight"):
+            if name in weights.keys():  # noqa: SIM118 (safe_open has keys(), no __contains__)
+                return int(weights.get_slice(name).get_shape()[0])
+    return None
+
+
+def _attention_shape(config: Any) -> tuple[int, int]:
+    """(heads, hidden size) as the config names them (DistilBERT: n_heads, dim); 0 unknown."""
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", 0)
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "dim", 0)
+    return int(heads or 0), int(hidden or 0)
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,261 @@
+"""Tiny Hugging Face sequence classifiers built here, as `save_pretrained` writes them.
+
+Random weights from each architecture's config class (2 layers, hidden 32) and a tokenizer
+trained on a few hundred synthetic texts: WordPiece for BERT-style models, byte-level BPE for
+RoBERTa-style, Unigram (SentencePiece-like, with Metaspace) for DeBERTa-v2 and XLM-R. Nothing is
+downloaded.
+
+    folder = build("bert", tmp_path / "bert", num_labels=3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+from textserve.model.synthetic import synthetic_rows
+
+ARCHITECTURES = (
+    "bert",
+    "distilbert",
+    "roberta",
+    "xlm-roberta",
+    "deberta-v2",
+    "modernbert",
+    "electra",
+)
+MAX_LENGTH = 64  # the tiny models' length limit (max_position_embeddings less any offset)
+VOCAB = 300
+
+
+def corpus() -> list[str]:
+    return [r["text"] for r in synthetic_rows(400, seed=3)] + ["Ünïcödé naïve café — 北京 🙂"]
+
+
+def _wordpiece(lowercase: bool = True) -> tuple[Tokenizer, dict[str, str]]:
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(
+        corpus(),
+        trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False),
+    )
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    names = {
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "mask_token": "[MASK]",
+    }
+    return tok, names
+
+
+def _byte_bpe() -> tuple[Tokenizer, dict[str, str]]:
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's ids: pad 1
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        corpus(),
+        trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            special_tokens=specials,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    names = {
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "cls_token": "<s>",
+        "sep_token": "</s>",
+        "mask_token": "<mask>",
+    }
+    return tok, names
+
+
+def _unigram(style: str) -> tuple[Tokenizer, dict[str, str]]:
+    if style == "xlm-roberta":  # <s>=0 <pad>=1 </s>=2 <unk>=3, as XLM-R's sentencepiece
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        cls, sep, pad, unk, mask = "<s>", "</s>", "<pad>", "<unk>", "<mask>"
+    else:  # DeBERTa-v2: [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3
+        specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+        cls, sep, pad, unk, mask = "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(
+        corpus(),
+        trainers.UnigramTrainer(
+            vocab_size=VOCAB, special_tokens=specials, unk_token=unk, show_progress=False
+        ),
+    )
+    ids = {t: tok.token_to_id(t) for t in (cls, sep)}
+    if style == "xlm-roberta":
+        pair = f"{cls} $A {sep} {sep} $B {sep}"
+    else:
+        pair = f"{cls} $A {sep} $B:1 {sep}:1"
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=pair, special_tokens=list(ids.items())
+    )
+    names = {
+        "pad_token": pad,
+        "unk_token": unk,
+        "cls_token": cls,
+        "sep_token": sep,
+        "mask_token": mask,
+    }
+    if style == "xlm-roberta":
+        names |= {"bos_token": cls, "eos_token": sep}
+    return tok, names
+
+
+_SMALL = {
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+}
+
+
+def _config(arch: str, tok: Tokenizer, names: dict[str, str], **kw: Any) -> Any:
+    import transformers as tf
+
+    vocab = tok.get_vocab_size()
+    pad = tok.token_to_id(names["pad_token"])
+    if arch == "bert":
+        return tf.BertConfig(
+            vocab_size=vocab, max_position_embeddings=MAX_LENGTH, pad_token_id=pad, **_SMALL, **kw
+        )
+    if arch == "electra":
+        return tf.ElectraConfig(
+            vocab_size=vocab,
+            max_position_embeddings=MAX_LENGTH,
+            embedding_size=16,
+            pad_token_id=pad,
+            **_SMALL,
+            **kw,
+        )
+    if arch == "distilbert":
+        return tf.DistilBertConfig(
+            vocab_size=vocab,
+            max_position_embeddings=MAX_LENGTH,
+            n_layers=2,
+            n_heads=2,
+            dim=32,
+            hidden_dim=64,
+            pad_token_id=pad,
+            **kw,
+        )
+    if arch in ("roberta", "xlm-roberta"):
+        cls = tf.RobertaConfig if arch == "roberta" else tf.XLMRobertaConfig
+        # RoBERTa's positions start after the pad id: max_position_embeddings = limit + pad + 1
+        return cls(
+            vocab_size=vocab,
+            max_position_embeddings=MAX_LENGTH + pad + 1,
+            pad_token_id=pad,
+            bos_token_id=0,
+            eos_token_id=2,
+            type_vocab_size=1,
+            **_SMALL,
+            **kw,
+        )
+    if arch == "deberta-v2":
+        return tf.DebertaV2Config(
+            vocab_size=vocab,
+            max_position_embeddings=MAX_LENGTH,
+            pad_token_id=pad,
+            relative_attention=True,
+            position_buckets=16,
+            max_relative_positions=MAX_LENGTH,
+            pos_att_type=["p2c", "c2p"],
+            position_biased_input=False,
+            type_vocab_size=0,
+            **_SMALL,
+            **kw,
+        )
+    if arch == "modernbert":
+        return tf.ModernBertConfig(
+            vocab_size=vocab,
+            max_position_embeddings=MAX_LENGTH,
+            pad_token_id=pad,
+            cls_token_id=tok.token_to_id("[CLS]"),
+            sep_token_id=tok.token_to_id("[SEP]"),
+            bos_token_id=tok.token_to_id("[CLS]"),
+            eos_token_id=tok.token_to_id("[SEP]"),
+            global_attn_every_n_layers=2,
+            local_attention=16,
+            **_SMALL,
+            **kw,
+        )
+    raise ValueError(arch)
+
+
+_TOKENIZERS: dict[str, Callable[[], tuple[Tokenizer, dict[str, str]]]] = {
+    "bert": _wordpiece,
+    "electra": _wordpiece,
+    "distilbert": _wordpiece,
+    "modernbert": _wordpiece,
+    "roberta": _byte_bpe,
+    "xlm-roberta": lambda: _unigram("xlm-roberta"),
+    "deberta-v2": lambda: _unigram("deberta-v2"),
+}
+
+
+def build(
+    arch: str,
+    folder: Path,
+    *,
+    num_labels: int = 3,
+    seed: int = 0,
+    tokenizer: tuple[Tokenizer, dict[str, str]] | None = None,
+    **config: Any,
+) -> Path:
+    """save_pretrained of a tiny random-weight `arch` sequence classifier and its tokenizer."""
+    import torch
+    import transformers as tf
+
+    tok, names = tokenizer or _TOKENIZERS[arch]()
+    # initializer_range well above the default 0.02: logits of a few units, not of 1e-3, so a
+    # 1e-4 parity bound means something on random weights
+    config.setdefault("initializer_range", 0.3)
+    cfg = _config(arch, tok, names, num_labels=num_labels, **config)
+    torch.manual_seed(seed)
+    model = tf.AutoModelForSequenceClassification.from_config(cfg).eval()
+    model.save_pretrained(folder)
+    input_names = ["input_ids", "attention_mask"]
+    if getattr(cfg, "type_vocab_size", 0) > 1:
+        input_names.insert(1, "token_type_ids")
+    fast = tf.PreTrainedTokenizerFast(
+        tokenizer_object=tok, model_max_length=MAX_LENGTH, model_input_names=input_names, **names
+    )
+    fast.save_pretrained(folder)
+    return folder
+
+
+def tokenizer_for(arch: str) -> tuple[Tokenizer, dict[str, str]]:
+    """The trained tokenizer `build` gives `arch` (train once, pass to several builds)."""
+    return _TOKENIZERS[arch]()
