@@ -158,9 +158,11 @@ def perf_analyzer_command(
     batch_size: int = 1,
     stability: int = 25,
     percentile: int | None = None,
+    protocol: str = "grpc",
 ) -> list[str]:
-    """The perf_analyzer command line for one level over gRPC: `concurrency` callers (closed
-    loop) or Poisson arrivals at `request_rate` requests/s (open loop)."""
+    """The perf_analyzer command line for one level over `protocol` (grpc, or http: KServe v2
+    REST): `concurrency` callers (closed loop) or Poisson arrivals at `request_rate`
+    requests/s (open loop)."""
     if (concurrency is None) == (request_rate is None):
         raise ValueError("give exactly one of concurrency and request_rate")
     if request_rate is not None:
@@ -175,7 +177,7 @@ def perf_analyzer_command(
         "-u",
         url,
         "-i",
-        "grpc",
+        protocol,
         "-b",
         str(batch_size),
         "--input-data",
@@ -241,20 +243,29 @@ def _ms(value: float | None) -> str:
 
 @contextlib.contextmanager
 def local_server(
-    repository: Path, model: str, log_path: Path, extra: Sequence[str] = (), timeout: float = 300
+    repository: Path,
+    model: str,
+    log_path: Path,
+    extra: Sequence[str] = (),
+    timeout: float = 300,
+    http: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """`textserve serve` on 127.0.0.1 (a free port) for the run, its output in `log_path`;
     yields its address once it is SERVING (its --ready-file); SIGTERM (the graceful drain) at
-    the end, killed if it does not stop."""
+    the end, killed if it does not stop. With `http` (a dict) the HTTP port is on too (a free
+    port), its host:port put in http["http"]."""
     from textserve.bench.process import ServerStartError, spawn
 
     command = [
         *(sys.executable, "-m", "textserve.cli", "serve", "--repository", str(repository)),
-        *("--model", model, "--listen", "127.0.0.1:0", "--metrics-port", "off"),
+        *("--model", model, "--listen", "127.0.0.1:0"),
+        *(("--http-port", "0") if http is not None else ("--metrics-port", "off")),
         *("--workers", "1", *extra),  # one process unless `extra` says --workers N
     ]
     try:
         with spawn(command, timeout=timeout, log=log_path, stop_timeout=60) as server:
+            if http is not None and server.metrics_url is not None:
+                http["http"] = server.metrics_url.removeprefix("http://").removesuffix("/metrics")
             yield server.address
     except ServerStartError as exc:
         raise RuntimeError(f"textserve serve did not start; see {log_path}\n{exc}") from None
@@ -297,6 +308,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --repository: comma-separated `textserve serve --workers` counts, one server "
         "each in turn, compared with the first at each concurrency level (e.g. 1,2)",
     )
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="with --repository: drive the same server over HTTP too (perf_analyzer -i http, "
+        "KServe v2 REST) at the same levels, and compare it with gRPC",
+    )
     parser.add_argument("--batch-size", type=int, default=1, help="texts per request")
     parser.add_argument("--request-count", type=int, default=300, help="requests per window")
     parser.add_argument("--stability", type=int, default=25, help="allowed variation, %%")
@@ -330,11 +347,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repository is None:
         return sweep(binary, args, input_data, [(None, lambda: contextlib.nullcontext(args.url))])
     repository, extra = args.repository, shlex.split(args.server_args)
+    if args.http:
+        args.http_address = {}
 
     def server(count: int | None) -> contextlib.AbstractContextManager[str]:
         if count is None:
             log = args.output / "perf_analyzer_server.log"
-            return local_server(repository, args.model, log, extra)
+            http = getattr(args, "http_address", None)
+            return local_server(repository, args.model, log, extra, http=http)
         log = args.output / f"perf_analyzer_server_w{count}.log"
         return local_server(repository, args.model, log, [*extra, "--workers", str(count)])
 
@@ -363,10 +383,23 @@ def sweep(
     first: list[dict[str, float]] | None = None
     for count, start in servers:
         prefix = "" if count is None else f"w{count}_"
+        http_reports: list[dict[str, float]] | int = []
         with start() as url:
             reports = run_levels(binary, args, url, input_data, levels, prefix)
+            http_url = getattr(args, "http_address", {}).get("http")
+            if count is None and http_url is not None and not isinstance(reports, int):
+                http_reports = run_levels(
+                    binary, args, http_url, input_data, levels, "http_", protocol="http"
+                )
         if isinstance(reports, int):
             return reports
+        if isinstance(http_reports, int):
+            return http_reports
+        if http_reports:
+            print("textserve over HTTP (KServe v2 REST, the same server):")
+            print(format_table(http_reports))
+            for line in protocol_comparison(reports, http_reports):
+                print(line)
         first = reports if first is None else first
         name = "textserve" if count is None else f"textserve --workers {count}"
         if count is not None:
@@ -376,6 +409,8 @@ def sweep(
         print_ratio(name, tail_ratio(reports))
     assert first is not None
     result: dict[str, object] = {"textserve": first}
+    if http_reports:
+        result["http"] = http_reports
     if per_count:
         result["workers"] = {str(n): reports for n, reports in per_count.items()}
         for line in workers_comparison(per_count):
@@ -397,6 +432,23 @@ def sweep(
     summary.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {summary}")
     return 0
+
+
+def protocol_comparison(
+    grpc: Sequence[dict[str, float]], http: Sequence[dict[str, float]]
+) -> list[str]:
+    """For each closed-loop level: HTTP's throughput against gRPC's, and both p50/p99."""
+    lines = []
+    for one, other in zip(grpc, http, strict=False):
+        if "concurrency" not in one or one["throughput"] <= 0:
+            continue
+        lines.append(
+            f"c={one['concurrency']:.0f}: http / grpc = {other['throughput']:,.0f} / "
+            f"{one['throughput']:,.0f} texts/s = {other['throughput'] / one['throughput']:.2f}x; "
+            f"p50 {other['p50_ms']:.2f} vs {one['p50_ms']:.2f} ms, "
+            f"p99 {other['p99_ms']:.2f} vs {one['p99_ms']:.2f} ms"
+        )
+    return lines
 
 
 def workers_comparison(per_count: dict[int, list[dict[str, float]]]) -> list[str]:
@@ -442,6 +494,7 @@ def run_levels(
     input_data: Path,
     levels: Sequence[tuple[str, float | None]],
     prefix: str = "",
+    protocol: str = "grpc",
 ) -> list[dict[str, float]] | int:
     """perf_analyzer at each (kind, value) level; the parsed reports, or an exit status."""
     reports: list[dict[str, float]] = []
@@ -466,6 +519,7 @@ def run_levels(
             batch_size=args.batch_size,
             stability=args.stability,
             percentile=args.percentile,
+            protocol=protocol,
         )
         print("+", " ".join(command), flush=True)
         try:

@@ -103,8 +103,8 @@ def serve_command(repository: Path, model: str | None, extra_args: Sequence[str]
         sys.executable, "-m", "textserve.cli", "--log-level", "INFO", "serve",
         "--repository", str(repository),
         "--listen", "127.0.0.1:0",
-        "--metrics-port", "0",
-        "--metrics-host", "127.0.0.1",
+        "--http-port", "0",
+        "--http-host", "127.0.0.1",
         *(["--model", model] if model else []),
         *extra_args,
     ]  # fmt: skip

@@ -28,6 +28,13 @@ def _port_or_off(value: str) -> int | None:
         ) from None
 
 
+UNSET = "unset"  # a deprecated alias that was not given
+
+
+def _alias_port(value: str) -> int | str | None:
+    return UNSET if value == "" else _port_or_off(value)
+
+
 def _text(value: float | None) -> str:
     """A config default as the flag would spell it: 30.0 -> "30", None -> "off"."""
     if value is None:
@@ -74,12 +81,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=DEVICES,
     )
     flag(
-        "metrics-port",
+        "http-port",
         _text(server.metrics_port),
-        "Prometheus /metrics port; 0 picks a free one; off disables",
+        "HTTP port: KServe v2 REST, POST /v1/classify, /healthz, /readyz, /metrics; 0 picks a "
+        "free one; off: only the probes and /metrics",
         type=_port_or_off,
     )
-    flag("metrics-host", server.metrics_host, "address of the metrics endpoint")
+    flag("http-host", server.metrics_host, "address of the HTTP port")
+    flag(
+        "metrics-port",
+        "",
+        "deprecated alias of --http-port, except 'off': no HTTP port at all",
+        type=_alias_port,
+    )
+    flag("metrics-host", "", "deprecated alias of --http-host")
+    flag(
+        "http-header-timeout",
+        _text(server.http.header_timeout),
+        "seconds an HTTP request's line and headers may take (slow clients are closed)",
+        type=float,
+    )
+    flag(
+        "http-max-connections",
+        _text(server.http.max_connections),
+        "open HTTP connections at most; past it new ones are closed at once",
+        type=int,
+    )
     flag("max-batch-size", _text(batcher.max_batch_size), "texts per batch", type=int)
     flag(
         "max-batch-tokens",
@@ -212,16 +239,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_config(args: argparse.Namespace) -> ServerConfig:
-    from textserve.service.config import ConfigError, SecurityConfig
+def _http_port(args: argparse.Namespace) -> tuple[int | None, str, bool]:
+    """(port or None, host, inference routes on) from --http-port/--http-host and their
+    deprecated aliases --metrics-port/--metrics-host, which win when given (as before)."""
+    port, inference = args.http_port, True
+    if port is None:  # --http-port off: the probes and /metrics stay on the default port
+        port, inference = ServerConfig().metrics_port, False
+    host = args.http_host
+    if args.metrics_host:
+        print("textserve serve: --metrics-host is deprecated; use --http-host", file=sys.stderr)
+        host = args.metrics_host
+    if args.metrics_port != UNSET:
+        # 'off' is not deprecated: it is the one way to have no HTTP port at all
+        if args.metrics_port is not None:
+            print("textserve serve: --metrics-port is deprecated; use --http-port", file=sys.stderr)
+        port = args.metrics_port
+    return port, host, inference
 
+
+def build_config(args: argparse.Namespace) -> ServerConfig:
+    from textserve.service.config import ConfigError, HttpConfig, SecurityConfig
+
+    port, host, inference = _http_port(args)
     try:
         return ServerConfig(
             repository=Path(args.repository),
             model=args.model or None,
             listen=args.listen,
-            metrics_port=args.metrics_port,
-            metrics_host=args.metrics_host,
+            metrics_port=port,
+            metrics_host=host,
+            http=HttpConfig(
+                inference=inference,
+                header_timeout=args.http_header_timeout,
+                max_connections=args.http_max_connections,
+            ),
             max_texts_per_request=args.max_texts_per_request,
             grace_period=args.grace_period,
             max_message_bytes=args.max_message_bytes,
@@ -277,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
 
     def ready(server: Any) -> None:
         metrics = (
-            f"http://{args.metrics_host}:{server.metrics_port}/metrics"
+            f"http://{config.metrics_host}:{server.metrics_port}/metrics"
             if server.metrics_port
             else None
         )
@@ -285,7 +336,13 @@ def run(args: argparse.Namespace) -> int:
             write_ready_file(Path(args.ready_file), server.address, metrics, workers)
         print(
             f"textserve is serving on {server.address} (metrics: {metrics or 'off'}). Try:\n"
-            f"  textserve classify --server {server.address} 'a gripping, beautifully acted film'",
+            f"  textserve classify --server {server.address} 'a gripping, beautifully acted film'"
+            + (
+                f"\n  curl -s http://{config.metrics_host}:{server.metrics_port}/v1/classify "
+                '-d \'{"texts": ["a gripping, beautifully acted film"]}\''
+                if server.metrics_port and config.http.inference
+                else ""
+            ),
             flush=True,
         )
 

@@ -109,12 +109,38 @@ class SecurityConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """The HTTP port's routes and bounds (service/http/; the port is ServerConfig.metrics_port)."""
+
+    inference: bool = True  # --http-port off: only the probes and /metrics answer
+    header_timeout: float = 10.0  # seconds a request's line and headers may take to arrive
+    body_timeout: float = 30.0  # seconds its body may take after the headers
+    max_connections: int = 2048  # open HTTP connections; past it new ones are closed at once
+    # --workers: host:port of the supervisor's private endpoint, whose /metrics (every worker
+    # summed) and /readyz each worker's HTTP port answers with. Set by the supervisor only.
+    upstream: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.header_timeout <= 3600 or not 0 < self.body_timeout <= 3600:
+            raise ConfigError(
+                "--http-header-timeout and the body timeout must be between 0 and 3600 seconds"
+            )
+        if self.max_connections < 1:
+            raise ConfigError(
+                f"--http-max-connections must be at least 1, got {self.max_connections}"
+            )
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     repository: Path = Path("models")  # models/<name>/<version>/
     model: str | None = None  # the default model; None: the only model in the repository
     listen: str = "127.0.0.1:50051"  # host:port; port 0 picks a free one
-    metrics_port: int | None = 8000  # Prometheus /metrics; 0 picks a free one; None: off
-    metrics_host: str = "127.0.0.1"
+    # The HTTP port (--http-port): /metrics, the probes and the HTTP/JSON inference routes;
+    # 0 picks a free one; None: no HTTP at all (--metrics-port off)
+    metrics_port: int | None = 8000
+    metrics_host: str = "127.0.0.1"  # --http-host
+    http: HttpConfig = field(default_factory=HttpConfig)
     max_texts_per_request: int = 1024
     grace_period: float = 30.0  # seconds to finish in-flight work on SIGTERM/SIGINT
     # Largest request message accepted; larger ones get RESOURCE_EXHAUSTED from grpc itself.
@@ -157,7 +183,9 @@ class ServerConfig:
                 f"--listen must be HOST:PORT (e.g. 127.0.0.1:50051), got {self.listen!r}"
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise ConfigError(f"--metrics-port must be 0-65535 or 'off', got {self.metrics_port}")
+            raise ConfigError(
+                f"--http-port (--metrics-port) must be 0-65535 or 'off', got {self.metrics_port}"
+            )
         if self.max_texts_per_request < 1:
             raise ConfigError(
                 f"--max-texts-per-request must be at least 1, got {self.max_texts_per_request}"

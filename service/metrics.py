@@ -68,7 +68,9 @@ __all__ = [
 ]
 
 # The RPCs that are measured: the label `method` takes exactly these values.
-METHODS: tuple[str, ...] = ("Classify", "ClassifyStream", "ModelInfer")
+# HttpClassify (POST /v1/classify) and HttpInfer (KServe v2 REST infer) are the HTTP front
+# end's (service/http/routes.py).
+METHODS: tuple[str, ...] = ("Classify", "ClassifyStream", "ModelInfer", "HttpClassify", "HttpInfer")
 
 # gRPC status code names (grpc.StatusCode.X.name); the label `code` takes exactly these values.
 CODES: tuple[str, ...] = (

@@ -21,13 +21,8 @@ from grpc_reflection.v1alpha import reflection
 
 from textserve.service.config import ServerConfig
 from textserve.service.health import NOT_SERVING, SERVING, DrainingHealthServicer
-from textserve.service.metrics import (
-    DRAINING,
-    NO_MODEL,
-    Metrics,
-    MetricsServer,
-    start_metrics_server,
-)
+from textserve.service.http.serving import HttpFrontEnd, http_front_end
+from textserve.service.metrics import DRAINING, NO_MODEL, Metrics
 from textserve.service.metrics import SERVING as READY
 from textserve.service.repository.core import ModelRepository
 from textserve.service.security import add_port
@@ -74,8 +69,9 @@ class Server:
         self.metrics = ctx.metrics
         self.health = health
         self.service_names = list(service_names)
-        self.metrics_server: MetricsServer | None = None
-        self.metrics_port: int | None = None
+        self.http: HttpFrontEnd | None = None  # the HTTP port (service/http/), when on
+        self.metrics_port: int | None = None  # the HTTP port, bound (--http-port)
+        self._reuse_port = False  # --workers: the HTTP port is shared too (SO_REUSEPORT)
         self._stopping = False
         # --workers: the link to the supervisor, awaited before SERVING (it says when every
         # worker is warm) and told each readiness state (the supervisor's /readyz)
@@ -94,12 +90,9 @@ class Server:
             "listening on %s (gRPC); loading models from %s", self.address, self.config.repository
         )
         if self.config.metrics_port is not None:
-            self.metrics_server, self.metrics_port = start_metrics_server(
-                self.config.metrics_port, self.config.metrics_host, self.metrics.registry
-            )
-            logger.info(
-                "metrics on http://%s:%d/metrics", self.config.metrics_host, self.metrics_port
-            )
+            # before the models load: /readyz says "warming" meanwhile
+            self.http = await http_front_end(self.ctx, reuse_port=self._reuse_port)
+            self.metrics_port = self.http.port
         try:
             await self.repository.load_all()
             if self.coordinator is not None:
@@ -128,8 +121,8 @@ class Server:
         """What the metrics port's /readyz says: the state grpc.health.v1 reports for ""."""
         if self._stopping and state != DRAINING:
             return
-        if self.metrics_server is not None:
-            self.metrics_server.set_state(state)
+        if self.http is not None:
+            self.http.app.set_readiness(state)
         if self.coordinator is not None:
             self.coordinator.on_readiness(state)
 
@@ -155,11 +148,13 @@ class Server:
         logger.info("stopped after %.2fs", time.monotonic() - started)
 
     async def _close(self, grace: float) -> None:
-        # grpc refuses new calls at once and cancels those still running when grace is over
-        await self.grpc_server.stop(grace)
+        # grpc refuses new calls at once and cancels those still running when grace is over;
+        # HTTP answers new inference requests 503 while its in-flight ones finish
+        closing = [self.grpc_server.stop(grace)]
+        if self.http is not None:
+            closing.append(self.http.server.stop(grace))
+        await asyncio.gather(*closing)
         await self.repository.close(timeout=0)
-        if self.metrics_server is not None:
-            self.metrics_server.close()
         tracing = self.ctx.telemetry.tracing
         if tracing is not None:  # the last spans, within SHUTDOWN_TIMEOUT
             await asyncio.to_thread(tracing.shutdown)
@@ -216,7 +211,9 @@ def create_server(
         raise OSError(f"cannot listen on {config.listen}: {exc}") from None
     if port == 0:
         raise OSError(f"cannot listen on {config.listen} (in use, or not an address of this host)")
-    return Server(config, grpc_server, port, ctx, health, names, coordinator), port
+    server = Server(config, grpc_server, port, ctx, health, names, coordinator)
+    server._reuse_port = reuse_port
+    return server, port
 
 
 def telemetry(config: ServerConfig, metrics: Metrics) -> Telemetry:
@@ -290,6 +287,8 @@ async def serve(
         forced = asyncio.create_task(force.wait())
         await asyncio.wait({drain, forced}, return_when=asyncio.FIRST_COMPLETED)
         if not drain.done():
+            if server.http is not None:
+                server.http.server.hurry()
             await server.grpc_server.stop(0)
             await drain
         forced.cancel()

@@ -209,7 +209,7 @@ def serve_subprocess(
         sys.executable, "-m", "textserve.cli", "serve",
         "--repository", str(repository),
         "--listen", "127.0.0.1:0",
-        "--metrics-port", "0",
+        "--http-port", "0",
         "--intra-op-threads", "1",
         *args,
     ]  # fmt: skip

@@ -31,7 +31,7 @@ METHOD = "ModelInfer"  # the `method` label of the metrics
 EXTENSIONS = ("model_configuration", "statistics", "parameters")
 
 
-def _server_version() -> str:
+def server_version() -> str:
     try:
         return metadata.version("textserve")
     except metadata.PackageNotFoundError:  # running from a checkout that was never installed
@@ -43,7 +43,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, ctx: ServingContext) -> None:
         self._ctx = ctx
-        self._version = _server_version()
+        self._version = server_version()
 
     def _handle(self, name: str, version: str) -> ModelHandle:
         return resolve(self._ctx.repository, name, version)

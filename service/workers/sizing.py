@@ -125,12 +125,20 @@ def resolve_workers(value: str, config: ServerConfig) -> int:
     return workers
 
 
-def worker_config(config: ServerConfig, port: int, workers: int) -> ServerConfig:
-    """A worker's config: the reserved port, no metrics port of its own (the supervisor
-    serves /metrics), and its share of the CPUs as onnxruntime intra-op threads unless
-    --intra-op-threads says otherwise."""
+def worker_config(
+    config: ServerConfig, port: int, workers: int, http: tuple[int, int] | None = None
+) -> ServerConfig:
+    """A worker's config: the reserved port, and its share of the CPUs as onnxruntime
+    intra-op threads unless --intra-op-threads says otherwise. `http`: (the reserved HTTP
+    port, which every worker serves too; the port of the supervisor's private endpoint, whose
+    /metrics and /readyz the workers answer with); None: no HTTP port."""
     host = config.listen.rpartition(":")[0]
     runtime = config.runtime
     if runtime.intra_op_threads == 0:
         runtime = replace(runtime, intra_op_threads=max(1, cpu_limit() // workers))
-    return replace(config, listen=f"{host}:{port}", metrics_port=None, runtime=runtime)
+    if http is None:
+        return replace(config, listen=f"{host}:{port}", metrics_port=None, runtime=runtime)
+    http_config = replace(config.http, upstream=f"127.0.0.1:{http[1]}")
+    return replace(
+        config, listen=f"{host}:{port}", metrics_port=http[0], http=http_config, runtime=runtime
+    )

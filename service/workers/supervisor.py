@@ -150,9 +150,11 @@ class Supervisor:
         previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
         old_fd = signal.set_wakeup_fd(wake_w.fileno())
         try:
-            with reserve_port(self.config.listen) as port:
+            with reserve_port(self.config.listen) as port, self._http_port() as http_port:
                 self.metrics_dir = directory
-                self.worker_config = worker_config(self.config, port, self.count)
+                private = self._start_metrics(directory)
+                http = None if http_port is None or private is None else (http_port, private)
+                self.worker_config = worker_config(self.config, port, self.count, http)
                 self.address = self.worker_config.listen
                 logger.info(
                     "listening on %s (gRPC) with %d workers (%d onnxruntime threads each); "
@@ -160,7 +162,6 @@ class Supervisor:
                     self.address, self.count, self.worker_config.runtime.intra_op_threads,
                     self.config.repository,
                 )  # fmt: skip
-                self._start_metrics(directory)
                 for worker in self.workers:
                     self._spawn(worker)
                 self._loop(wake_r)
@@ -179,18 +180,33 @@ class Supervisor:
         failed = [c for c in self._codes if c > 0]
         return (forced or failed or [0])[0]
 
-    def _start_metrics(self, directory: str) -> None:
+    @contextlib.contextmanager
+    def _http_port(self) -> Iterator[int | None]:
+        """The HTTP port, held like the gRPC one while the workers serve it (None: off)."""
         if self.config.metrics_port is None:
+            yield None
             return
+        with reserve_port(f"{self.config.metrics_host}:{self.config.metrics_port}") as port:
+            self.metrics_port = port
+            yield port
+
+    def _start_metrics(self, directory: str) -> int | None:
+        """The supervisor's /metrics (every worker summed) and /readyz (all workers warm) on a
+        private loopback port, which each worker's HTTP port answers those two paths with;
+        returns that port (None: no HTTP port)."""
+        if self.config.metrics_port is None:
+            return None
         from textserve.service.metrics import start_metrics_server
         from textserve.service.workers.metrics import SupervisorMetrics, server_registry
 
         registry = server_registry(directory, self._live_pids)
         self._metrics = SupervisorMetrics(registry)
-        self._metrics_server, self.metrics_port = start_metrics_server(
-            self.config.metrics_port, self.config.metrics_host, registry
-        )
-        logger.info("metrics on http://%s:%d/metrics", self.config.metrics_host, self.metrics_port)
+        self._metrics_server, private = start_metrics_server(0, "127.0.0.1", registry)
+        logger.info(
+            "metrics on http://%s:%d/metrics (every worker's HTTP port)",
+            self.config.metrics_host, self.metrics_port,
+        )  # fmt: skip
+        return int(private)
 
     def _live_pids(self) -> list[int]:
         return [w.pid for w in self.workers if w.process is not None and w.pid]

@@ -90,8 +90,8 @@ def test_the_server_serves_grpc_and_metrics_on_all_interfaces(resolved: dict[str
     command = server["command"]
     assert command[0] == "serve"
     assert command[command.index("--listen") + 1] == "0.0.0.0:50051"
-    assert command[command.index("--metrics-host") + 1] == "0.0.0.0"
-    assert command[command.index("--metrics-port") + 1] == "8000"
+    assert command[command.index("--http-host") + 1] == "0.0.0.0"
+    assert command[command.index("--http-port") + 1] == "8000"
     published = {(p["target"], p["published"]) for p in server["ports"]}
     assert {(50051, 50051), (8000, 8000)} <= {(int(t), int(p)) for t, p in published}
 

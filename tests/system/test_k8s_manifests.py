@@ -269,7 +269,7 @@ def test_the_manifests_set_only_server_settings_that_exist_and_parse(
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert spec[probe]["grpc"]["port"] == listen_port, probe
     ports = {p["name"]: p["containerPort"] for p in spec["ports"]}
-    assert ports == {"grpc": listen_port, "http-metrics": config.metrics_port}
+    assert ports == {"grpc": listen_port, "http": config.metrics_port}
     pod = one(docs, "Deployment")["spec"]["template"]
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(config.metrics_port)
     # the kubelet's SIGKILL comes after preStop + the server's grace period
@@ -318,8 +318,8 @@ def pod_env(docs: list[Doc], repository: Path, **changes: str) -> dict[str, str]
     env.update(
         TEXTSERVE_REPOSITORY=str(repository),
         TEXTSERVE_LISTEN="127.0.0.1:0",
-        TEXTSERVE_METRICS_HOST="127.0.0.1",
-        TEXTSERVE_METRICS_PORT="0",
+        TEXTSERVE_HTTP_HOST="127.0.0.1",
+        TEXTSERVE_HTTP_PORT="0",
         TEXTSERVE_INTRA_OP_THREADS="1",
     )
     env.update(changes)
@@ -337,7 +337,7 @@ def test_the_pod_environment_serves(rendered: dict[str, list[Doc]], repository: 
     ("name", "value", "says"),
     [
         ("TEXTSERVE_DEVICE", "tpu", "expected one of auto, cpu, cuda"),
-        ("TEXTSERVE_METRICS_PORT", "http", "expected a port number or 'off'"),
+        ("TEXTSERVE_HTTP_PORT", "http", "expected a port number or 'off'"),
         ("TEXTSERVE_MAX_BATCH_SIZE", "64k", "expected an integer"),
         ("TEXTSERVE_GRACE_PERIOD", "30s", "expected a number"),
         ("TEXTSERVE_LISTEN", "0.0.0.0", "HOST:PORT"),

@@ -1,0 +1,327 @@
+"""The HTTP front end as one bare ASGI application: routing, authentication, body limits, the
+taxonomy's statuses and draining, around the route handlers of routes.py.
+
+    app = HttpApp(ctx, HttpLimits(), tokens=None)      # tokens: a TokenSet when auth is on
+    app.set_readiness("serving")                     # what /readyz answers (READY_STATES)
+    app.draining = True                              # SIGTERM: new inference requests get 503
+
+A bare ASGI callable rather than a framework (Starlette, FastAPI): the routes are a fixed, small
+set, and per request a framework's Request/Response objects and middleware stack cost more
+server CPU than the routing itself (docs/http.md has the measurements).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from textserve.service.errors import ValidationError
+from textserve.service.http.errors import error_body, json_error
+from textserve.service.metrics import READY_STATES, WARMING
+from textserve.service.servicers.interceptors import TokenSet, bearer_token
+
+if TYPE_CHECKING:
+    from textserve.service.servicers.context import ServingContext
+
+logger = logging.getLogger(__name__)
+
+JSON = b"application/json"
+TEXT = b"text/plain; charset=utf-8"
+# The deadline header: seconds, like grpc-timeout's meaning (Envoy and KServe clients speak
+# of a request timeout; a number of seconds is what curl users can write).
+TIMEOUT_HEADER = "request-timeout"
+_LOG_EVERY = 10.0  # seconds between log lines about refused requests
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one connection and one request may take of the server (config.HttpConfig)."""
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_texts: int = 1024  # --max-texts-per-request
+
+
+class Request:
+    """One HTTP request as the route handlers and observed() see it: invocation_metadata()
+    and peer() as a grpc context has them, so tracing and the access log work unchanged."""
+
+    __slots__ = ("_peer", "body", "deadline", "headers", "method", "params", "path")
+
+    def __init__(self, scope: dict[str, Any], params: dict[str, str]) -> None:
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        client = scope.get("client")
+        self._peer = f"ipv4:{client[0]}:{client[1]}" if client else ""
+        self.params = params
+        self.body = b""
+        self.deadline: float | None = None
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return self.headers
+
+    def peer(self) -> str:
+        return self._peer
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes = b""
+    content_type: bytes = JSON
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+def text(status: int, body: str) -> Response:
+    return Response(status, (body + "\n").encode(), TEXT)
+
+
+Handler = Callable[["HttpApp", Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class Route:
+    handler: Handler
+    open: bool = False  # answered without a token (the probes)
+    body: bool = False  # reads a request body (POST)
+    inference: bool = False  # refused while draining; off with --http-port off
+
+
+class Refused(Exception):
+    """An answer decided before the handler runs (404, 405, 401, 413, 503)."""
+
+    def __init__(self, status: int, message: str, code: str, headers: Any = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.headers = list(headers)
+
+
+class HttpApp:
+    """The ASGI application: `await app(scope, receive, send)` per request (uvicorn's)."""
+
+    def __init__(
+        self,
+        ctx: ServingContext,
+        limits: HttpLimits,
+        *,
+        tokens: TokenSet | None = None,
+        inference: bool = True,
+        metrics_page: Callable[[str | None], Awaitable[Response]] | None = None,
+        readiness: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
+        from textserve.service.http import routes
+
+        self.ctx = ctx
+        self.limits = limits
+        self.tokens = tokens
+        self.inference = inference
+        self.readiness = WARMING
+        self.draining = False
+        self.inflight = 0  # inference requests being answered
+        self._idle = asyncio.Event()
+        self._idle.set()
+        # --workers: the supervisor's /metrics (every worker summed) and its readiness
+        self.metrics_page = metrics_page or routes.local_metrics(ctx.metrics.registry)
+        self._upstream_readiness = readiness
+        self._match = routes.matcher()
+        self._refused = 0
+        self._logged_at = -_LOG_EVERY
+
+    def set_readiness(self, state: str) -> None:
+        if state not in READY_STATES:
+            raise ValueError(f"unknown readiness state {state!r}; expected one of {READY_STATES}")
+        self.readiness = state
+
+    async def readiness_of(self) -> str:
+        """What /readyz answers: this server's state, or with --workers the supervisor's."""
+        if self._upstream_readiness is not None and not self.draining:
+            return await self._upstream_readiness()
+        return self.readiness
+
+    async def idle(self, timeout: float) -> bool:
+        """Wait until no inference request is being answered (True) or `timeout` passed."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return  # lifespan is off; websockets are not served
+        try:
+            route, params = self._route(scope)
+            request = Request(scope, params)
+            self._admit(route, request)
+        except Refused as refused:
+            await _send(send, _refusal(refused))
+            return
+        if not route.inference:
+            response = await self._answer(route, request, receive)
+            await _send(send, response)
+            return
+        self.inflight += 1
+        self._idle.clear()
+        try:
+            response = await self._answer(route, request, receive)
+            if self.draining:  # the client should take its next request elsewhere
+                response.headers.append((b"connection", b"close"))
+            await _send(send, response)
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+
+    def _route(self, scope: dict[str, Any]) -> tuple[Route, dict[str, str]]:
+        found = self._match(scope["path"])
+        if found is None:
+            raise Refused(404, f"no route {scope['path'][:200]!r}; see /openapi.json", "NOT_FOUND")
+        methods, params = found
+        route = methods.get(scope["method"])
+        if route is None:
+            allow = ", ".join(sorted(methods))
+            raise Refused(
+                405,
+                f"{scope['method']} is not allowed here; use {allow}",
+                "UNIMPLEMENTED",
+                [(b"allow", allow.encode())],
+            )
+        if route.inference and not self.inference:
+            raise Refused(404, "the inference routes are off (--http-port off)", "NOT_FOUND")
+        return route, params
+
+    def _admit(self, route: Route, request: Request) -> None:
+        """Authentication (same tokens as gRPC), draining, and the declared body size: all
+        decided on the headers, before a byte of the body is read."""
+        if not route.open and self.tokens is not None:
+            token, problem = bearer_token(request.headers)
+            if token is not None and not self.tokens.matches(token):
+                problem = "invalid bearer token"
+            if token is None or problem:
+                self._note_refusal(request.path, problem)
+                raise Refused(
+                    401,
+                    problem.replace("metadata", "header"),
+                    "UNAUTHENTICATED",
+                    [(b"www-authenticate", b"Bearer")],
+                )
+        if route.inference and self.draining:
+            raise Refused(
+                503,
+                "the server is draining (shutting down); retry on another replica",
+                "UNAVAILABLE",
+                [(b"connection", b"close")],
+            )
+        declared = request.header("content-length")
+        if (
+            declared is not None
+            and declared.isdigit()
+            and int(declared) > self.limits.max_body_bytes
+        ):
+            raise _too_large(self.limits.max_body_bytes)
+        timeout = request.header(TIMEOUT_HEADER)
+        if timeout is not None:
+            try:
+                seconds = float(timeout)
+            except ValueError:
+                seconds = -1.0
+            if not 0 < seconds <= 86400 * 365:
+                raise Refused(
+                    400,
+                    f"Request-Timeout must be a positive number of seconds, got {timeout[:50]!r}",
+                    "INVALID_ARGUMENT",
+                )
+            request.deadline = time.monotonic() + seconds
+
+    async def _answer(self, route: Route, request: Request, receive: Any) -> Response:
+        try:
+            if route.body:
+                request.body = await _read_body(receive, self.limits.max_body_bytes)
+            return await route.handler(self, request)
+        except Refused as refused:
+            return _refusal(refused)
+        except Exception as exc:  # the one place unexpected errors become 500
+            status, body = error_body(exc, f"HTTP {request.method} {route.handler.__name__}")
+            return Response(status, body)
+
+    def _note_refusal(self, path: str, problem: str) -> None:
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._logged_at >= _LOG_EVERY:
+            logger.warning(
+                "refused %d unauthenticated HTTP request(s) (latest: %s: %s)",
+                self._refused, path[:200], problem,
+            )  # fmt: skip
+            self._refused, self._logged_at = 0, now
+
+
+def _too_large(limit: int) -> Refused:
+    return Refused(
+        413,
+        f"the request body is larger than {limit} bytes (--max-message-bytes)",
+        "RESOURCE_EXHAUSTED",
+        [(b"connection", b"close")],  # the rest of the body is never read
+    )
+
+
+async def _read_body(receive: Any, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it passes `limit`: what was not read yet is
+    never read (uvicorn stops reading the socket while the app does not take the body)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError("the client went away before its body was read")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _refusal(refused: Refused) -> Response:
+    return Response(
+        refused.status,
+        json_error(refused.status, str(refused), refused.code),
+        JSON,
+        refused.headers,
+    )
+
+
+async def _send(send: Any, response: Response) -> None:
+    headers = [
+        (b"content-type", response.content_type),
+        (b"content-length", str(len(response.body)).encode()),
+        *response.headers,
+    ]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; ValidationError (400) naming what is wrong."""
+    import json
+
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValidationError(f"the request body is not valid JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise ValidationError(
+            f"the request body must be a JSON object, got {type(document).__name__}"
+        )
+    return document

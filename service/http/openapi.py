@@ -1,0 +1,118 @@
+"""GET /openapi.json: the HTTP routes as an OpenAPI 3.1 document, built from the route table
+(routes.py) so that a route cannot be served without being described."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from textserve.service.servicers.oip import server_version
+
+_ERROR = {
+    "description": "the taxonomy's error: 400 bad input, 401 no or a wrong token, 404 unknown "
+    "model or version, 405 wrong method, 413 body over the limit, 429 queue full, 503 warming "
+    "or draining, 504 deadline (Request-Timeout) passed, 500 a server fault",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["error", "code"],
+                "properties": {"error": {"type": "string"}, "code": {"type": "string"}},
+            }
+        }
+    },
+}
+_JSON = {"content": {"application/json": {"schema": {"type": "object"}}}}
+_TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+_CLASSIFY_BODY = {
+    "type": "object",
+    "properties": {
+        "texts": {"type": "array", "items": {"type": "string"}},
+        "inputs": {
+            "description": "Hugging Face style: a text or a list of texts instead of `texts`",
+            "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+        },
+        "parameters": {"type": "object", "description": "Hugging Face style options"},
+        "id": {"type": "string"},
+        "model": {"type": "string"},
+        "version": {"type": "integer", "minimum": 0},
+        "top_k": {"type": "integer", "minimum": 0},
+        "truncate": {"type": "boolean"},
+        "all_scores": {"type": "boolean"},
+    },
+}
+_SUMMARIES = {
+    "/healthz": "liveness: 200 while the process serves",
+    "/readyz": "readiness: 200 only while serving, else 503 with the state",
+    "/metrics": "Prometheus metrics (OpenMetrics when asked)",
+    "/openapi.json": "this document",
+    "/v1/classify": "textserve.v1 Classify in JSON",
+    "/v2": "KServe v2 server metadata",
+    "/v2/health/live": "KServe v2 server liveness",
+    "/v2/health/ready": "KServe v2 server readiness",
+    "/v2/models/stats": "Triton statistics of every ready model",
+}
+_MODEL_SUMMARIES = {
+    "": "KServe v2 model metadata",
+    "/ready": "KServe v2 model readiness",
+    "/config": "Triton model configuration",
+    "/stats": "Triton model statistics",
+    "/infer": "KServe v2 inference: JSON tensors or Triton's binary tensor extension",
+}
+
+
+def _parameter(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _operation(summary: str, path: str, method: str, open_route: bool) -> dict[str, Any]:
+    ok = _TEXT if path in ("/healthz", "/readyz", "/metrics") else _JSON
+    operation: dict[str, Any] = {
+        "summary": summary,
+        "responses": {"200": {"description": "OK", **ok}, "default": _ERROR},
+    }
+    if open_route:
+        operation["security"] = []
+    if method == "POST":
+        schema = _CLASSIFY_BODY if path == "/v1/classify" else {"type": "object"}
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schema}},
+        }
+        operation["parameters"] = [
+            {
+                "name": "Request-Timeout",
+                "in": "header",
+                "description": "the request's deadline, in seconds",
+                "schema": {"type": "number", "exclusiveMinimum": 0},
+            }
+        ]
+    return operation
+
+
+@functools.cache
+def document() -> dict[str, Any]:
+    """The OpenAPI document of every route the HTTP port serves."""
+    from textserve.service.http.routes import FIXED, MODEL_ROUTES
+
+    paths: dict[str, Any] = {}
+    for path, methods in FIXED.items():
+        paths[path] = {
+            m.lower(): _operation(_SUMMARIES[path], path, m, r.open) for m, r in methods.items()
+        }
+    for prefix, params in (
+        ("/v2/models/{model}", ["model"]),
+        ("/v2/models/{model}/versions/{version}", ["model", "version"]),
+    ):
+        for tail, methods in MODEL_ROUTES.items():
+            item: dict[str, Any] = {"parameters": [_parameter(p) for p in params]}
+            for m, r in methods.items():
+                item[m.lower()] = _operation(_MODEL_SUMMARIES[tail], prefix + tail, m, r.open)
+            paths[prefix + tail] = item
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "textserve", "version": server_version()},
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"bearer": []}],
+        "paths": paths,
+    }

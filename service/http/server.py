@@ -1,0 +1,255 @@
+"""The HTTP server: uvicorn's httptools protocol on the serving process's own event loop (the
+one grpc.aio runs on), bounded against slow and hostile clients.
+
+    http = HttpServer(app, HttpConfig(), "0.0.0.0", 8000, security)
+    port = await http.start()        # binds (SO_REUSEPORT with --workers), serves
+    await http.stop(grace=30)        # stop accepting, let in-flight answers go out, close
+
+Why uvicorn + httptools with a bare ASGI app: measured on the real routes beside a grpc.aio
+server in the same loop (docs/http.md, "Choosing the server"), it took the least server CPU
+per request of the asyncio servers that run in-loop (aiohttp's handler stack costs more per
+request; granian's in-loop mode is experimental; Starlette adds its own routing on top).
+
+uvicorn bounds idle keep-alive connections but not a request that never completes, nor how
+many connections it holds. `_BoundedProtocol` adds both: a connection must finish its request
+line and headers within `header_timeout` seconds (and keep them under `max_header_bytes`), its
+body within `body_timeout` seconds, or it is closed; past `max_connections` a new connection is
+closed at once. No thread per connection, so 1,000 slowloris connections cost a few MB and no
+threads, and the probes keep answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+if TYPE_CHECKING:
+    from textserve.service.config import SecurityConfig
+    from textserve.service.http.app import HttpApp
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one connection may hold of the server (ServerConfig.http's values)."""
+
+    header_timeout: float = 10.0  # seconds from a request's first byte to its last header
+    body_timeout: float = 30.0  # seconds from the last header to the last byte of the body
+    keep_alive: float = 5.0  # seconds an idle keep-alive connection stays open
+    max_header_bytes: int = 64 * 1024  # request line and headers of one request
+    max_connections: int = 2048  # open connections; past it new ones are closed at once
+
+
+class _CoalescingTransport:
+    """A transport whose writes of one loop iteration go out as one: uvicorn writes a
+    response's head and body separately, and on a busy loop each write is a send() of its own
+    (the second, measured, about doubled the server CPU per request against aiohttp's one)."""
+
+    __slots__ = ("_buffer", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._buffer: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._buffer:
+            self._loop.call_soon(self._flush)
+        self._buffer.append(data)
+
+    def _flush(self) -> None:
+        if self._buffer:
+            data = b"".join(self._buffer)
+            self._buffer.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()  # the answer goes out before the connection ends
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _BoundedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline for each request's head and body, a cap on
+    the head's size and on the connections held (`bounds` is set on a subclass per server)."""
+
+    bounds: Bounds = Bounds()
+    refused: ClassVar[list[int]] = [0]  # connections closed at the limit (one per server)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.transport = _CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
+        self._timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        if len(self.connections) > self.bounds.max_connections:
+            self.refused[0] += 1
+            transport.abort()  # no answer: answering costs what the limit is there to save
+            return
+        self._arm(self.bounds.header_timeout)
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if not self.transport.is_closing():
+            self.transport.close()  # the handler, if any, sees the client as gone
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        if self._timer is None:  # a keep-alive connection's next request
+            self._arm(self.bounds.header_timeout)
+
+    def _count(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self.bounds.max_header_bytes:
+            # raised inside the parser's callback: uvicorn answers 400 and closes
+            raise ValueError("request head too large")
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._arm(self.bounds.body_timeout)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def _protocol(bounds: Bounds) -> type[_BoundedProtocol]:
+    return type("BoundedProtocol", (_BoundedProtocol,), {"bounds": bounds, "refused": [0]})
+
+
+def bind(host: str, port: int, *, reuse_port: bool, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: a free one); SO_REUSEPORT to share the
+    port with the other workers of --workers N."""
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server(
+            (host, port), family=family, backlog=backlog, reuse_port=reuse_port
+        )
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from exc
+    sock.set_inheritable(False)
+    return sock
+
+
+class HttpServer:
+    """One uvicorn server on an already-running event loop (uvicorn.Server's phases without its
+    signal handling: textserve's server.py owns the signals)."""
+
+    def __init__(
+        self,
+        app: HttpApp,
+        bounds: Bounds,
+        host: str,
+        port: int,
+        security: SecurityConfig,
+        *,
+        reuse_port: bool = False,
+    ) -> None:
+        self.app = app
+        self.host = host
+        self.protocol = _protocol(bounds)
+        kwargs: dict[str, Any] = {}
+        if security.tls_cert is not None:
+            kwargs.update(ssl_certfile=str(security.tls_cert), ssl_keyfile=str(security.tls_key))
+            if security.tls_client_ca is not None:
+                kwargs.update(
+                    ssl_ca_certs=str(security.tls_client_ca), ssl_cert_reqs=ssl.CERT_REQUIRED
+                )
+        self._config = uvicorn.Config(
+            app,
+            http=self.protocol,
+            lifespan="off",
+            interface="asgi3",
+            log_config=None,
+            access_log=False,  # textserve's own access log (--access-log json) covers HTTP
+            server_header=False,
+            timeout_keep_alive=int(max(1, bounds.keep_alive)),
+            **kwargs,
+        )
+        self._sock = bind(host, port, reuse_port=reuse_port)
+        self.port: int = self._sock.getsockname()[1]
+        self._server: uvicorn.Server | None = None
+        self._ticks: asyncio.Task[None] | None = None
+        self._hurry = asyncio.Event()  # a second signal: no more waiting for in-flight work
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._config.is_ssl else "http"
+
+    @property
+    def connections(self) -> int:
+        return 0 if self._server is None else len(self._server.server_state.connections)
+
+    async def start(self) -> int:
+        """Serve on the bound socket; returns the port."""
+        config = self._config
+        config.load()
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[self._sock])
+        self._server = server
+        # Date headers once a second, as uvicorn's main loop does; ends on should_exit.
+        self._ticks = asyncio.create_task(server.main_loop(), name="textserve-http-ticks")
+        return self.port
+
+    def hurry(self) -> None:
+        """End a stop()'s wait for in-flight requests now (they are cancelled)."""
+        self._hurry.set()
+
+    async def stop(self, grace: float) -> None:
+        """Drain: the app refuses new inference requests (503) while those in flight finish
+        within `grace` seconds; then stop accepting, close the connections and cancel what is
+        left. Idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            self._sock.close()
+            return
+        self.app.draining = True
+        idle = asyncio.create_task(self.app.idle(grace))
+        hurry = asyncio.create_task(self._hurry.wait())
+        await asyncio.wait({idle, hurry}, return_when=asyncio.FIRST_COMPLETED)
+        hurry.cancel()
+        if not (idle.done() and idle.result()):
+            idle.cancel()
+            logger.warning(
+                "HTTP: %d request(s) still in flight after the grace period: cancelled",
+                self.app.inflight,
+            )
+        server.should_exit = True
+        server.config.timeout_graceful_shutdown = 1  # only closing what is idle is left
+        if self._ticks is not None:
+            await self._ticks
+        await server.shutdown(sockets=[self._sock])
