@@ -69,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "as the memory holds; 1: a single process, no supervisor",
     )
     flag(
+        "worker-timeout",
+        _text(server.worker_timeout),
+        "--workers N: seconds a worker may leave the supervisor's heartbeat unanswered "
+        "(stopped, or its event loop blocked) before it is killed and restarted",
+        type=float,
+    )
+    flag(
         "ready-file",
         None,
         "once serving, write PATH (JSON: pid, grpc address, metrics URL; removed at exit): "
@@ -275,6 +282,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             ),
             max_texts_per_request=args.max_texts_per_request,
             grace_period=args.grace_period,
+            worker_timeout=args.worker_timeout,
             max_message_bytes=args.max_message_bytes,
             stream_max_inflight=args.stream_max_inflight,
             security=SecurityConfig(
@@ -332,8 +340,6 @@ def run(args: argparse.Namespace) -> int:
             if server.metrics_port
             else None
         )
-        if args.ready_file:
-            write_ready_file(Path(args.ready_file), server.address, metrics, workers)
         print(
             f"textserve is serving on {server.address} (metrics: {metrics or 'off'}). Try:\n"
             f"  textserve classify --server {server.address} 'a gripping, beautifully acted film'"
@@ -345,6 +351,8 @@ def run(args: argparse.Namespace) -> int:
             ),
             flush=True,
         )
+        if args.ready_file:  # after the line: whoever waits for the file finds it printed
+            write_ready_file(Path(args.ready_file), server.address, metrics, workers)
 
     try:
         if workers > 1:

@@ -163,6 +163,9 @@ class ServerConfig:
     access_log: str = "off"  # "json": one JSON line per request on stdout
     log_texts: bool = False  # put the texts in the access log: a privacy risk, off by default
     access_log_rate: float = 1000.0  # access log lines a second at most; over it, dropped
+    # --workers N: seconds a worker may leave the supervisor's heartbeat unanswered before it
+    # is killed and restarted (docs/operations.md says how the default was chosen)
+    worker_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if self.otlp_endpoint is not None and not self.otlp_endpoint.strip():
@@ -199,6 +202,11 @@ class ServerConfig:
         if self.stream_max_inflight < 1:
             raise ConfigError(
                 f"--stream-max-inflight must be at least 1, got {self.stream_max_inflight}"
+            )
+        if not 0 < self.worker_timeout <= 3600:
+            raise ConfigError(
+                f"--worker-timeout must be more than 0 and at most 3600 seconds, "
+                f"got {self.worker_timeout:g}"
             )
         if not self.poll_interval >= 0:
             raise ConfigError(

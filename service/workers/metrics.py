@@ -2,6 +2,7 @@
 worker's prometheus-client multiprocess files, the whole server's CPU and memory, and the
 supervisor's own series.
 
+    directory = create_metrics_dir()        # the supervisor; stale ones of dead servers go
     use_multiprocess_files(directory)       # in a worker, before any metric exists
     registry = server_registry(directory, live_pids)  # in the supervisor
     metrics = SupervisorMetrics(registry)   # textserve_worker_restarts_total, textserve_workers
@@ -9,11 +10,68 @@ supervisor's own series.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.multiprocess import MultiProcessCollector
+
+# Why a worker was restarted: the label `reason` of textserve_worker_restarts_total.
+RESTART_REASONS = (
+    "exited",  # it died: a crash, the OOM killer, a kill by someone else
+    "unresponsive",  # no answer to the heartbeat within --worker-timeout: killed, restarted
+)
+
+
+logger = logging.getLogger(__name__)
+
+METRICS_DIR_PREFIX = "textserve-metrics-"
+OWNER_FILE = "owner"  # "PID STARTTIME" of the supervisor that made the folder (not *.db: unread)
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22): with the
+    pid, it names one process even after the pid is reused. None when there is no such
+    process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def create_metrics_dir(parent: str | None = None) -> str:
+    """A fresh PROMETHEUS_MULTIPROC_DIR for this supervisor in the temporary directory, after
+    removing the folders of supervisors that are gone (a SIGKILLed one cannot remove its own);
+    the supervisor removes its folder itself on every exit it sees."""
+    parent = parent or tempfile.gettempdir()
+    remove_stale_metrics_dirs(parent)
+    directory = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-", dir=parent)
+    Path(directory, OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+    return directory
+
+
+def remove_stale_metrics_dirs(parent: str) -> list[Path]:
+    """Remove the metrics folders in `parent` whose owner process is gone; never one of a live
+    server, nor one without an owner file (not ours to judge), nor another user's. The removed
+    folders."""
+    removed = []
+    for folder in Path(parent).glob(f"{METRICS_DIR_PREFIX}*"):
+        with contextlib.suppress(OSError, ValueError):
+            if not folder.is_dir() or folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            pid, started = (folder / OWNER_FILE).read_text().split()
+            if _start_time(int(pid)) == started:
+                continue  # its supervisor still runs
+            shutil.rmtree(folder)
+            removed.append(folder)
+            logger.info("removed %s: its server (pid %s) is gone", folder, pid)
+    return removed
 
 
 def use_multiprocess_files(directory: str) -> None:
@@ -94,9 +152,13 @@ class SupervisorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.worker_restarts = Counter(
             "textserve_worker_restarts",
-            "Worker processes the supervisor restarted after they died",
+            "Worker processes the supervisor restarted, by why: it exited (crashed, killed), "
+            "or it stopped answering the supervisor's heartbeat (unresponsive)",
+            ["reason"],
             registry=registry,
         )
+        for reason in RESTART_REASONS:
+            self.worker_restarts.labels(reason)
         self.workers = Gauge(
             "textserve_workers", "Worker processes running (any state)", registry=registry
         )

@@ -8,6 +8,8 @@ element).
     StartupFailed(msg)  startup failed: msg      Relayed(ident, error)  the others applied ident
     Relay(ident, change)  an admin call changed this worker: apply it on every other one
     Applied(key, error)   done (error: None or what went wrong)
+    Pong(seq)           the answer to Ping(seq)  Ping(seq)        liveness: answered from the
+                                                                  worker's event loop
 
 Admin changes (LoadModel, UnloadModel, ReloadRepository) are relayed rather than shared
 through a file: the call returns only once every worker has applied it, errors come back to
@@ -86,6 +88,11 @@ class Applied:
     error: str | None
 
 
+@dataclass(frozen=True)
+class Pong:
+    seq: int
+
+
 # -- supervisor -> worker -----------------------------------------------------------------------
 
 
@@ -106,8 +113,13 @@ class Relayed:
     error: str | None  # None when every other worker applied it
 
 
-ToSupervisor = Warm | Readiness | StartupFailed | Relay | Applied
-ToWorker = Serve | Apply | Relayed
+@dataclass(frozen=True)
+class Ping:
+    seq: int
+
+
+ToSupervisor = Warm | Readiness | StartupFailed | Relay | Applied | Pong
+ToWorker = Serve | Apply | Relayed | Ping
 
 
 class Coordinator(Protocol):

@@ -34,7 +34,6 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,11 +43,13 @@ from typing import Any
 
 from textserve.service.config import ServerConfig
 from textserve.service.workers.errors import SupervisorError
-from textserve.service.workers.metrics import mark_dead
+from textserve.service.workers.metrics import create_metrics_dir, mark_dead
 from textserve.service.workers.protocol import (
     AdminChange,
     Applied,
     Apply,
+    Ping,
+    Pong,
     Readiness,
     Relay,
     Relayed,
@@ -107,6 +108,10 @@ class _Worker:
     failure: str = ""  # what it said when its startup failed
     restart_at: float | None = None
     deaths_in_a_row: int = 0
+    heard_at: float = 0.0  # when it last said anything (a Pong, or any other message)
+    pinged_at: float = 0.0
+    pings: int = 0
+    killed_for: str | None = None  # "unresponsive": the supervisor killed it (restart reason)
 
 
 @dataclass
@@ -137,6 +142,9 @@ class Supervisor:
         self._metrics_server: Any = None
         self.address = ""
         self.metrics_port: int | None = None
+        # Liveness: a Ping this often; a worker past its startup that has said nothing for
+        # worker_timeout seconds is killed and restarted (gunicorn's worker timeout).
+        self._ping_interval = min(1.0, config.worker_timeout / 4)
 
     # -- the life of the server -----------------------------------------------------------
 
@@ -144,7 +152,7 @@ class Supervisor:
         """Serve until SIGTERM/SIGINT; the exit status (SupervisorError when it never served
         or its workers crash-loop)."""
         self.on_ready = on_ready
-        directory = tempfile.mkdtemp(prefix="textserve-metrics-")
+        directory = create_metrics_dir()
         wake_r, wake_w = socket.socketpair()
         wake_w.setblocking(False)
         previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -217,7 +225,7 @@ class Supervisor:
             if self._stopping is not None and not running:
                 return
             now = time.monotonic()
-            timeout = 1.0
+            timeout = self._ping_interval
             for w in self.workers:
                 if w.restart_at is not None:
                     timeout = min(timeout, max(0.0, w.restart_at - now))
@@ -240,6 +248,8 @@ class Supervisor:
                 if not w.process.is_alive():
                     self._exited(w)
             self._restart_due()
+            if self._stopping is None:
+                self._heartbeat(time.monotonic())
             if self._stopping is not None and time.monotonic() > self._stop_deadline:
                 for w in self.workers:
                     if w.process is not None and w.process.is_alive():
@@ -266,6 +276,7 @@ class Supervisor:
         worker.process, worker.conn, worker.pid = process, parent, process.pid or 0
         worker.seen = len(self.admin_log)
         worker.state, worker.failure, worker.restart_at = "starting", "", None
+        worker.heard_at, worker.killed_for = time.monotonic(), None
         self._set_count()
         logger.info("worker %d (pid %d): starting", worker.index, worker.pid)
 
@@ -279,6 +290,7 @@ class Supervisor:
         assert worker.conn is not None
         try:
             while worker.conn.poll():
+                worker.heard_at = time.monotonic()
                 self._message(worker, worker.conn.recv())
         except (EOFError, OSError):
             worker.conn.close()
@@ -296,6 +308,8 @@ class Supervisor:
                 self._relay(worker, RelayKey(worker.index, ident), change)
             case Applied(key=key, error=error):
                 self._applied(worker, key, error)
+            case Pong():
+                pass  # heard_at is all it tells
             case _:
                 logger.warning("worker %d: unknown message %r", worker.index, message)
 
@@ -431,9 +445,36 @@ class Supervisor:
         worker.deaths_in_a_row += 1
         worker.restart_at = now + delay
         said = f": {worker.failure}" if worker.failure else ""
+        if worker.killed_for is not None:
+            said = f" ({worker.killed_for})"
         self._state(worker, f"died with {how}{said}; restarting in {delay:.1f}s")
         worker.pid = 0
         self._set_count()
+
+    def _heartbeat(self, now: float) -> None:
+        """Ping every worker that is past its startup (loading a large model may take longer
+        than any timeout; it has not said Warm yet) and kill one that has said nothing for
+        worker_timeout seconds: stopped, or its event loop blocked (the Pong is sent from the
+        loop). Readiness goes 503 at once; the restart follows the usual backoff."""
+        for w in self.workers:
+            if w.process is None or w.conn is None or w.state == "starting":
+                continue
+            if w.killed_for is not None:
+                continue  # killed: its sentinel tells the rest
+            silent = now - w.heard_at
+            if silent > self.config.worker_timeout:
+                logger.warning(
+                    "worker %d (pid %d): unresponsive (no answer for %.1fs, --worker-timeout "
+                    "%gs): killed",
+                    w.index, w.pid, silent, self.config.worker_timeout,
+                )  # fmt: skip
+                w.killed_for = "unresponsive"
+                self._state(w, "unresponsive")
+                w.process.kill()  # SIGKILL: also ends a stopped (SIGSTOP) process
+            elif now - w.pinged_at >= self._ping_interval:
+                w.pings += 1
+                w.pinged_at = now
+                self._send(w, Ping(w.pings))
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -443,7 +484,8 @@ class Supervisor:
                     worker.restart_at = None
                     continue
                 if self._metrics is not None:
-                    self._metrics.worker_restarts.inc()
+                    reason = worker.killed_for or "exited"
+                    self._metrics.worker_restarts.labels(reason).inc()
                 self._spawn(worker)
 
     def _signal(self, signum: int) -> None:

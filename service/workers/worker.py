@@ -23,6 +23,8 @@ from textserve.service.workers.protocol import (
     AdminChange,
     Applied,
     Apply,
+    Ping,
+    Pong,
     Readiness,
     Relay,
     Relayed,
@@ -151,6 +153,8 @@ class WorkerLink:
                 future = self._pending.pop(ident, None)
                 if future is not None and not future.done():
                     future.set_result(error)
+            case Ping(seq=seq):  # from the event loop: a blocked loop does not answer
+                self.send(Pong(seq))
             case Serve() | Apply():  # in the order they came
                 self._inbox.put_nowait(message)
             case _:

@@ -124,7 +124,7 @@ def test_every_worker_serves_and_metrics_sum_over_workers(
     repository: Path, closing: list[Connection]
 ) -> None:
     with serve_subprocess(repository, "--workers", "2") as server:
-        assert "textserve is serving on" in server.text()
+        poll(lambda: "textserve is serving on" in server.text(), "the ready line")
         assert server.metrics_url is not None
         closing += connections_to_every_worker(server.address, 2)
         per_worker: Counter[str] = Counter()
@@ -236,7 +236,8 @@ def test_sigkill_of_a_worker_fails_nothing_our_client_sends_and_it_comes_back(
         assert errors == []
         assert pids[1] in restarted
         samples = scrape(server.metrics_url)
-        assert samples[("textserve_worker_restarts_total", ())] == 1
+        assert samples[("textserve_worker_restarts_total", (("reason", "exited"),))] == 1
+        assert samples[("textserve_worker_restarts_total", (("reason", "unresponsive"),))] == 0
         assert "died with signal SIGKILL; restarting" in server.text()
         # the new worker serves: some connection lands on it
         conns = connections_to_every_worker(server.address, 2)

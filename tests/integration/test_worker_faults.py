@@ -1,0 +1,156 @@
+"""Faults of `textserve serve --workers 2`: the supervisor's heartbeat catches a worker that
+stops answering (SIGSTOP stands in for a worker wedged in a native call or with its event loop
+blocked), /readyz goes 503 within --worker-timeout, the worker is killed and replaced, and
+callers fail only for what was in flight on it; a SIGKILLed supervisor's metrics folder is
+removed by the next start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.handmade import make_version
+from tests.integration.test_workers import (
+    MODEL,
+    TEXTS,
+    Connection,
+    connections_to_every_worker,
+    scrape,
+    worker_pids,
+)
+from tests.serving import poll, serve_subprocess
+from textserve.v1 import classifier_pb2 as pb
+
+TIMEOUT = 2.0  # --worker-timeout of the test: short, so that the test is quick
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    make_version(root, MODEL, 1)
+    return root
+
+
+def readyz(metrics_url: str) -> int:
+    try:
+        with urllib.request.urlopen(metrics_url.replace("/metrics", "/readyz"), timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+class Load:
+    """One caller per connection, each sending Classify after Classify (so at most one call in
+    flight per connection); records each failure by the worker the connection was on."""
+
+    def __init__(self, connections: list[Connection]) -> None:
+        self.ok: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
+        self.codes: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(c,)) for c in connections]
+
+    def _run(self, connection: Connection) -> None:
+        while not self._stop.is_set():
+            try:
+                connection.classifier.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=30)
+                self.ok[connection.worker] += 1
+            except grpc.RpcError as exc:
+                self.failed[connection.worker] += 1
+                self.codes[exc.code().name] += 1
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+
+
+def test_a_stopped_worker_is_caught_by_the_heartbeat_and_replaced(repository: Path) -> None:
+    with serve_subprocess(repository, "--workers", "2", "--worker-timeout", str(TIMEOUT)) as server:
+        assert server.metrics_url is not None
+        url = server.metrics_url
+        connections = connections_to_every_worker(server.address, 2)
+        try:
+            victim = connections[0].worker  # "INDEX/PID"
+            pid = int(victim.split("/")[1])
+            on_victim = sum(c.worker == victim for c in connections)
+            with Load(connections) as load:
+                poll(lambda: len(load.ok) == 2 and min(load.ok.values()) >= 5, "load")
+                assert readyz(url) == 200
+                os.kill(pid, signal.SIGSTOP)
+                stopped = time.monotonic()
+                poll(lambda: readyz(url) == 503, "/readyz 503", timeout=30, interval=0.02)
+                noticed = time.monotonic() - stopped
+                replaced = poll(
+                    lambda: pid not in (now := worker_pids(server.process.pid))
+                    and len(now) == 2 and readyz(url) == 200 and now,
+                    "the replacement serving", timeout=60,
+                )  # fmt: skip
+                served = sum(load.ok.values())
+                poll(lambda: sum(load.ok.values()) >= served + 20, "load after the restart")
+            samples = scrape(url)
+        finally:
+            for c in connections:
+                c.close()
+        text = server.text()
+    print(
+        f"\nSIGSTOP of worker {victim}: /readyz 503 after {noticed:.2f}s "
+        f"(--worker-timeout {TIMEOUT:g}s); ok {dict(load.ok)}, failed {dict(load.failed)} "
+        f"{dict(load.codes)}; {on_victim} of {len(connections)} connections on it"
+    )
+    # noticed within the deadline (plus a ping interval and the probe's own polling)
+    assert noticed <= TIMEOUT + 1.5, noticed
+    assert len(replaced) == 2
+    assert f"pid {pid}): unresponsive" in text and "died with signal SIGKILL (unresponsive)" in text
+    assert samples[("textserve_worker_restarts_total", (("reason", "unresponsive"),))] == 1
+    assert samples[("textserve_worker_restarts_total", (("reason", "exited"),))] == 0
+    # only what was in flight on the stopped worker failed: at most one call per connection
+    # that was on it, none on the other worker
+    assert set(load.failed) <= {victim}, load.failed
+    assert load.failed[victim] <= on_victim, (load.failed, on_victim)
+    assert set(load.codes) <= {"UNAVAILABLE"}, load.codes
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+def test_a_sigkilled_supervisors_metrics_folder_is_removed_at_the_next_start(
+    repository: Path, tmp_path: Path
+) -> None:
+    temporary = tmp_path / "tmp"  # the servers' temporary directory (TMPDIR), ours alone
+    temporary.mkdir()
+    env = {"TMPDIR": str(temporary)}
+    with serve_subprocess(repository, "--workers", "2", env=env) as server:
+        (left,) = temporary.glob("textserve-metrics-*")
+        pids = worker_pids(server.process.pid)
+        server.process.kill()  # SIGKILL: no cleanup of its own
+        server.process.wait(timeout=30)
+        poll(lambda: all(gone(pid) for pid in pids), "the orphaned workers to exit")
+    assert left.is_dir() and any(left.glob("*.db"))  # what a SIGKILL leaves behind
+    with serve_subprocess(repository, "--workers", "2", env=env) as again:
+        (now,) = temporary.glob("textserve-metrics-*")
+        assert now != left and not left.exists()
+        said = f"removed {left}: its server (pid {server.process.pid}) is gone"
+        poll(lambda: said in again.text(), "the removal's log line")
+        again.process.terminate()
+        assert again.process.wait(timeout=60) == 0
+    assert not list(temporary.glob("textserve-metrics-*"))  # a clean exit removes its own
