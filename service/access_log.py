@@ -109,6 +109,7 @@ class AccessLog:
         timings: Timings | None,
         seconds: float,
         trace_id: str | None,
+        cached: int | None = None,
     ) -> None:
         if not self._bucket.take():
             self.dropped += 1
@@ -130,6 +131,8 @@ class AccessLog:
             "total_ms": _ms(seconds),
             "trace_id": trace_id,
         }
+        if cached is not None:  # the model has a response cache: texts it answered
+            line["cached"] = cached
         if self.log_texts and texts is not None:
             line["input"] = list(texts)
         self._emit(json.dumps(line, ensure_ascii=False))

@@ -14,6 +14,7 @@ from typing import Any
 
 from textserve.cli import CliError, env_flag, env_switch
 from textserve.service.config import DEVICES, BatcherConfig, RuntimeConfig, ServerConfig
+from textserve.service.engine.cache_size import CacheSize, CacheSizeError
 from textserve.service.repository.policy import PolicyError, PolicySet, parse_policies
 
 
@@ -47,6 +48,16 @@ def _policies(value: str) -> PolicySet:
         return parse_policies(value)
     except PolicyError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _cache_size(value: str) -> CacheSize | None:
+    """--cache-size / TEXTSERVE_CACHE_SIZE: off, or a size; a bad one is one line, exit 2."""
+    if value.strip().lower() in ("off", "none", ""):
+        return None
+    try:
+        return CacheSize.parse(value)
+    except CacheSizeError as exc:
+        raise CliError(f"--cache-size (TEXTSERVE_CACHE_SIZE): {exc}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -207,6 +218,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_policies,
     )
     flag(
+        "cache-size",
+        "off",
+        "each model's response cache: a repeated text is answered without inference; "
+        "a size such as 64MiB or 10000entries (a model's serving.json may set its own)",
+    )
+    flag(
         "otlp-endpoint",
         None,
         "OpenTelemetry: export traces over OTLP/gRPC to this collector "
@@ -293,6 +310,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             ),
             poll_interval=args.poll_interval,
             version_policy=args.version_policy,
+            cache_size=_cache_size(args.cache_size),
             enable_admin=args.enable_admin,
             otlp_endpoint=args.otlp_endpoint or None,
             trace_sample_ratio=args.trace_sample_ratio,

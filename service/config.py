@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from textserve.cli import ConfigError  # one type for every bad setting: re-exported
+from textserve.service.engine.cache_size import CacheSize
 from textserve.service.repository.policy import PolicySet
 
 __all__ = ["ConfigError"]  # and the dataclasses below
@@ -150,6 +151,9 @@ class ServerConfig:
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     poll_interval: float = 5.0  # seconds between scans for new/removed versions; 0: no watching
     version_policy: PolicySet = field(default_factory=PolicySet)  # which versions are served
+    # Each model's response cache (docs/cache.md), unless its serving.json says otherwise;
+    # None: no cache (a repeated text runs again, as without one).
+    cache_size: CacheSize | None = None
     enable_admin: bool = False  # serve textserve.v1.Admin (LoadModel, UnloadModel, Reload...)
     # Requests of one ClassifyStream read but not yet answered (processing, or their response
     # waiting for the client to read it). At the limit the stream stops reading its requests,

@@ -369,6 +369,7 @@ class Metrics:
         )
         for reason in SPAN_DROP_REASONS:
             self.trace_spans_dropped.labels(reason)
+        self._add_cache_metrics(r)
         self._lock = threading.Lock()
         self._models: set[str] = set()
         self._info: dict[str, tuple[str, str]] = {}
@@ -434,6 +435,35 @@ class Metrics:
         """``model`` if the server initialised it, else UNKNOWN_MODEL (never user text)."""
         with self._lock:
             return model if model in self._models else UNKNOWN_MODEL
+
+    def _add_cache_metrics(self, r: CollectorRegistry) -> None:
+        """The response cache's series (docs/cache.md): texts answered from it or not, and what
+        it holds. --workers: each worker has its own cache, the gauges sum them."""
+        self.cache_requests = Counter(
+            "textserve_cache_requests",
+            "Texts looked up in the model's response cache: hit (answered without inference) "
+            "or miss",
+            ["model", "result"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "textserve_cache_bytes",
+            "Bytes the model's response cache holds (as it counts them, within --cache-size)",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.cache_entries = Gauge(
+            "textserve_cache_entries",
+            "Texts the model's response cache holds",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+
+    def for_cache(self, model: str) -> CacheMetrics:
+        """The series of ``model``'s response cache (its observer)."""
+        return CacheMetrics(self, model)
 
     def for_model(self, model: str) -> ModelMetrics:
         """The series the engine writes for ``model`` (its batcher's observer, tokenization)."""
@@ -542,6 +572,27 @@ class ModelMetrics:
     def on_tokenize(self, seconds: float) -> None:
         """The tokenization of one batch."""
         self._tokenize.observe(seconds)
+
+
+class CacheMetrics:
+    """One model's response cache: lookups by result, bytes and entries held (every series at
+    zero from the start)."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self._hits = metrics.cache_requests.labels(model, "hit")
+        self._misses = metrics.cache_requests.labels(model, "miss")
+        self._bytes = metrics.cache_bytes.labels(model)
+        self._entries = metrics.cache_entries.labels(model)
+
+    def on_lookups(self, hits: int, misses: int) -> None:
+        if hits:
+            self._hits.inc(hits)
+        if misses:
+            self._misses.inc(misses)
+
+    def on_size(self, nbytes: int, entries: int) -> None:
+        self._bytes.set(nbytes)
+        self._entries.set(entries)
 
 
 class PredictionMetrics:

@@ -188,8 +188,10 @@ class RequestTrace:
         texts: int | None,
         tokens: int | None,
         timings: Timings | None,
+        cached: int | None = None,
     ) -> None:
-        """End the request's span with what it learnt (a no-op when not sampled)."""
+        """End the request's span with what it learnt (a no-op when not sampled). `cached`:
+        how many of its texts the response cache answered (None: the model has no cache)."""
         if not self.sampled:
             return
         from opentelemetry.trace import Status, StatusCode
@@ -204,6 +206,8 @@ class RequestTrace:
             attributes["textserve.texts"] = texts
         if tokens is not None:
             attributes["textserve.tokens"] = tokens
+        if cached is not None:
+            attributes["textserve.cached"] = cached
         span.set_attributes(attributes)  # one call: each takes the span's lock
         if timings is not None:
             self._stages(timings)

@@ -24,6 +24,7 @@ from textserve.artifact import Manifest
 from textserve.service.config import BatcherConfig
 from textserve.service.engine.batcher import Batcher
 from textserve.service.engine.batches import BatchResult, BatchStats, BatchTrace
+from textserve.service.engine.cache import Hit, VersionCache
 from textserve.service.engine.inference import (
     ModelCheckError as ModelCheckError,  # re-exported: the repository's loader catches it
 )
@@ -61,6 +62,11 @@ class ClassifyResult:
     num_tokens: np.ndarray  # int64 (n,), tokens the model saw per text
     truncated: np.ndarray  # bool (n,)
     timings: Timings
+    cached: np.ndarray | None = None  # bool (n,): answered from the response cache; None: none
+
+    @property
+    def cached_count(self) -> int:
+        return 0 if self.cached is None else int(self.cached.sum())
 
 
 class ModelHandle:
@@ -114,6 +120,8 @@ class ModelHandle:
                 "textserve.provider": self.provider,
             },
         )
+        # The model's response cache as this version sees it (use_cache; None: no cache).
+        self.cache: VersionCache | None = None
         # Every answer counted by its winning label (drift monitoring).
         self._predictions = (
             None
@@ -130,6 +138,10 @@ class ModelHandle:
     def warmup(self) -> None:
         """Blocking: run representative shapes through the session (before SERVING)."""
         self.runner.warmup(self.batcher.config.max_batch_size)
+
+    def use_cache(self, cache: VersionCache | None) -> None:
+        """Answer repeated texts from `cache` (before it serves: the repository calls this)."""
+        self.cache = self.runner.cache = cache
 
     def start(self) -> None:
         self.batcher.start()
@@ -189,8 +201,21 @@ class ModelHandle:
         self._active += 1
         try:
             payloads, lengths, cut = self._prepare(texts, truncate)
-            batch = await self.batcher.submit(payloads, lengths, deadline=deadline, trace=trace)
-            return self._result(batch, cut, started)
+            hits = self._cached(payloads, truncate)
+            if hits is None:
+                batch = await self.batcher.submit(payloads, lengths, deadline=deadline, trace=trace)
+                return self._result(batch, cut, started)
+            # Hits answered here, before the queue; only the misses are queued.
+            misses = [i for i, hit in enumerate(hits) if hit is None]
+            ran: BatchResult | None = None
+            if misses:
+                ran = await self.batcher.submit(
+                    [payloads[i] for i in misses],
+                    [lengths[i] for i in misses],
+                    deadline=deadline,
+                    trace=trace,
+                )
+            return self._merged(hits, misses, ran, cut, started)
         finally:
             self._finish_one()
 
@@ -208,21 +233,38 @@ class ModelHandle:
         `done(None, exception)` on the loop. Cancel the returned future to give up on it."""
         started = time.perf_counter()
         payloads, lengths, cut = self._prepare(texts, truncate)
+        hits = self._cached(payloads, truncate)
+        misses = list(range(len(payloads))) if hits is None else [
+            i for i, hit in enumerate(hits) if hit is None
+        ]  # fmt: skip
 
         def finished(batch: BatchResult | None, exc: BaseException | None) -> None:
             self._finish_one()
-            if batch is None:
+            if batch is None and misses:
                 done(None, exc)
                 return
             try:
-                result = self._result(batch, cut, started)
+                if hits is None:
+                    assert batch is not None
+                    result = self._result(batch, cut, started)
+                else:
+                    result = self._merged(hits, misses, batch, cut, started)
             except Exception as error:  # pragma: no cover - reading our own rows
                 done(None, error)
                 return
             done(result, None)
 
         self._active += 1  # in the same loop step as repository.get(): see classify()
+        if not misses:  # every text answered from the cache: nothing to queue
+            # `done` on the loop's next step, as the batcher calls it: never before this returns
+            answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            answered.add_done_callback(lambda _: finished(None, None))
+            answered.set_result(None)
+            return answered
         try:
+            if hits is not None:
+                payloads = [payloads[i] for i in misses]
+                lengths = [lengths[i] for i in misses]
             return self.batcher.submit_nowait(
                 payloads, lengths, finished, deadline=deadline, trace=trace
             )
@@ -257,6 +299,62 @@ class ModelHandle:
         payloads = [TextItem(text, truncate, index, texts) for index, text in enumerate(texts)]
         return payloads, self.runner.estimate_lengths(texts), cut
 
+    def _cached(self, payloads: list[TextItem], truncate: bool) -> list[Hit | None] | None:
+        """Each text's cached answer or None (a miss); None without a cache."""
+        if self.cache is None:
+            return None
+        return self.cache.lookup([p.text for p in payloads], truncate)
+
+    def _merged(
+        self,
+        hits: list[Hit | None],
+        misses: list[int],
+        batch: BatchResult | None,
+        cut: list[int],
+        started: float,
+    ) -> ClassifyResult:
+        """The answers from the cache and those of the batch that ran the misses, in order."""
+        n = len(hits)
+        probabilities = np.empty((n, len(self.labels)), np.float32)
+        num_tokens = np.zeros(n, np.int64)
+        truncated = np.zeros(n, np.bool_)
+        cached = np.zeros(n, np.bool_)
+        for i, hit in enumerate(hits):
+            if hit is not None:
+                probabilities[i] = hit.probabilities
+                num_tokens[i] = hit.num_tokens
+                truncated[i] = hit.full_tokens > hit.num_tokens
+                cached[i] = True
+        queue = tokenize = inference = 0.0
+        if batch is not None and misses:
+            rows = batch.outputs
+            probabilities[misses] = rows["probabilities"]
+            num_tokens[misses] = rows["num_tokens"]
+            truncated[misses] = rows["full_tokens"] > rows["num_tokens"]
+            cached[misses] = rows["cached"]
+            queue, tokenize = batch.queue_seconds, float(rows["tokenize_seconds"].max())
+            inference = max(0.0, batch.inference_seconds - tokenize)
+        if cut:
+            truncated[cut] = True  # cut by characters: the model did not see all of the text
+        cache = self.cache  # (None if the model's cache was turned off meanwhile)
+        if cache is not None:
+            hit_count = int(cached.sum())
+            cache.count(hit_count, n - hit_count)
+        self._observe(probabilities)
+        return ClassifyResult(
+            probabilities=probabilities,
+            num_tokens=num_tokens,
+            truncated=truncated,
+            timings=Timings(queue, tokenize, inference, time.perf_counter() - started),
+            cached=cached,
+        )
+
+    def _observe(self, probabilities: np.ndarray) -> None:
+        if self._predictions is not None:
+            self._predictions.observe(
+                probabilities.argmax(axis=1).tolist(), probabilities.max(axis=1).tolist()
+            )
+
     def _result(self, result: BatchResult, cut: list[int], started: float) -> ClassifyResult:
         rows = result.outputs
         num_tokens = rows["num_tokens"].astype(np.int64)
@@ -265,10 +363,7 @@ class ModelHandle:
             truncated[cut] = True  # cut by characters: the model did not see all of the text
         tokenize_seconds = float(rows["tokenize_seconds"].max())
         probabilities = np.ascontiguousarray(rows["probabilities"])
-        if self._predictions is not None:
-            self._predictions.observe(
-                probabilities.argmax(axis=1).tolist(), probabilities.max(axis=1).tolist()
-            )
+        self._observe(probabilities)
         return ClassifyResult(
             probabilities=probabilities,
             num_tokens=num_tokens,

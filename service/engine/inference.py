@@ -34,6 +34,7 @@ from textserve.service.errors import ValidationError
 from textserve.tokenization import Tokenization
 
 if TYPE_CHECKING:
+    from textserve.service.engine.cache import VersionCache
     from textserve.service.engine.runtime import Session
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ def row_dtype(num_labels: int) -> np.dtype:
             ("num_tokens", np.int64),  # tokens the model saw
             ("full_tokens", np.int64),  # tokens before truncation
             ("tokenize_seconds", np.float64),  # tokenization of the text's batch
+            ("cached", np.bool_),  # answered from the response cache, not run
         ]
     )
 
@@ -113,6 +115,9 @@ class TextRunner:
         # Characters per token seen so far, for the batcher's length estimate (written by the
         # inference thread, read on the loop: a float, replaced whole).
         self.chars_per_token = 4.0
+        # The response cache of this version (engine/cache.py), when the model has one: texts
+        # that tokenize like a cached one are answered without a run, the others stored.
+        self.cache: VersionCache | None = None
 
     def estimate_lengths(self, texts: Sequence[str]) -> list[int]:
         """Each text's token count as the queue sees it before tokenization (from its length in
@@ -187,6 +192,9 @@ class TextRunner:
         started = time.perf_counter()
         out = np.zeros(len(payloads), self.rows)
         encoded, keep, errors = self._tokenize(payloads, out)
+        cache = self.cache
+        if cache is not None:
+            keep = self._answer_cached(cache, payloads, encoded, keep, out)
         tokenized = time.perf_counter()
         out["tokenize_seconds"] = tokenized - started
         if self._observer is not None:
@@ -206,7 +214,35 @@ class TextRunner:
             errors = errors or {}
             errors.update(self._blame(payloads, keep, failed))
         out["probabilities"][keep] = self._activate(logits)
+        if cache is not None:
+            for index, row in enumerate(keep):
+                if index not in failed:
+                    cache.store(
+                        payloads[row].text, encoded[row], int(out["full_tokens"][row]),
+                        out["probabilities"][row],
+                    )  # fmt: skip
         return BatchOutput(out, runs, errors)
+
+    @staticmethod
+    def _answer_cached(
+        cache: VersionCache,
+        payloads: list[TextItem],
+        encoded: list[list[int]],
+        keep: list[int],
+        out: np.ndarray,
+    ) -> list[int]:
+        """Fill the rows whose ids (after truncation) are cached, and remember their texts
+        (the next time they are answered before the queue); the rows left to run."""
+        left = []
+        for row in keep:
+            hit = cache.by_ids(encoded[row])
+            if hit is None:
+                left.append(row)
+                continue
+            out["probabilities"][row] = hit
+            out["cached"][row] = True
+            cache.store(payloads[row].text, encoded[row], int(out["full_tokens"][row]), hit)
+        return left
 
     def _tokenize(
         self, payloads: list[TextItem], out: np.ndarray

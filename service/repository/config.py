@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from textserve.service.engine.cache_size import CacheSize
 from textserve.service.repository.policy import PolicySet
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ class RepositoryConfig:
     version_policy: PolicySet = field(default_factory=PolicySet)  # --version-policy
     poll_interval: float = 5.0  # seconds between scans; 0: no watching (reconcile by hand)
     grace_period: float = 30.0  # seconds a retired version may take to finish its requests
+    cache_size: CacheSize | None = None  # --cache-size: each model's unless serving.json says
 
     @classmethod
     def of(cls, config: ServerConfig) -> RepositoryConfig:
@@ -32,4 +34,5 @@ class RepositoryConfig:
             version_policy=config.version_policy,
             poll_interval=config.poll_interval,
             grace_period=config.grace_period,
+            cache_size=config.cache_size,
         )

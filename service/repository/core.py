@@ -28,13 +28,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textserve.artifact import shown
 from textserve.service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
+from textserve.service.repository import caches
 from textserve.service.repository.config import RepositoryConfig
 from textserve.service.repository.loader import LoadError, fingerprint, load_version_dir
-from textserve.service.repository.policy import PolicyError, VersionPolicy, read_policy_file
+from textserve.service.repository.policy import PolicyError, ServingFile, read_serving_file
 from textserve.service.repository.records import ModelRecord, ReloadEvent, State, VersionRecord
-from textserve.service.repository.scan import ScanResult, scan, scan_repository
+from textserve.service.repository.scan import ScanLog, ScanResult, scan, scan_repository
 from textserve.service.repository.watcher import RepositoryWatcher
 
 if TYPE_CHECKING:
@@ -86,12 +86,10 @@ class ModelRepository:
         # the policy's order; different models load side by side).
         self._loads: dict[str, tuple[int, asyncio.Task[bool]]] = {}
         self._drains: dict[tuple[str, int], asyncio.Task[None]] = {}
-        self._not_versions: set[tuple[str, str]] = set()  # said once per name
-        self._not_models: set[str] = set()
-        self._unreadable: dict[str, str] = {}  # model directories that could not be listed
-        # Each model's serving.json as last read (off the event loop, with the scan): its
-        # policy, None without one, or why it could not be used.
-        self._policy_files: dict[str, VersionPolicy | PolicyError | None] = {}
+        self._scan_log = ScanLog(self.root, logger)  # what was skipped, said once
+        # Each model's serving.json as last read (off the event loop, with the scan), or why
+        # it could not be used.
+        self._policy_files: dict[str, ServingFile | PolicyError] = {}
         self._started = False
         self._watcher: RepositoryWatcher | None = None
         # Told, after every change that loaded or unloaded a version, whether any model is
@@ -236,46 +234,22 @@ class ModelRepository:
         ]
         known = list(self.models)  # read here: the loop changes self.models, not the thread
         result, policies = await asyncio.to_thread(self._read_disk, watched, known)
-        self._report_scan(result)
+        self._scan_log.report(result)
         self._update_records(result)
         self._policy_files = policies
 
     def _read_disk(
         self, watched: list[Path], known: list[str]
-    ) -> tuple[ScanResult, dict[str, VersionPolicy | PolicyError | None]]:
+    ) -> tuple[ScanResult, dict[str, ServingFile | PolicyError]]:
         """On a worker thread: the scan, and the serving.json of every model found or known."""
         result = scan_repository(self.root, watched)
-        policies: dict[str, VersionPolicy | PolicyError | None] = {}
+        policies: dict[str, ServingFile | PolicyError] = {}
         for name in {*result.found, *known}:
             try:
-                policies[name] = read_policy_file(self.root / name)
+                policies[name] = read_serving_file(self.root / name)
             except PolicyError as exc:
                 policies[name] = exc
         return result, policies
-
-    def _report_scan(self, result: ScanResult) -> None:
-        """Say once per name what was skipped, and once per change which model directories
-        could not be listed (their versions stay as they were)."""
-        for model, name in sorted(result.not_versions - self._not_versions):
-            logger.warning(
-                "model %s: folder %s is not a version (a version is a decimal number from 1 to "
-                "2**63-1 without leading zeros); skipped",
-                shown(model), shown(name),
-            )  # fmt: skip
-        self._not_versions = result.not_versions  # forgotten once gone: bounded by the disk
-        for name in sorted(result.not_models - self._not_models):
-            logger.warning(
-                "folder %s of %s is not a model: its name is not UTF-8 text; skipped",
-                ascii(name[:64]), self.root,
-            )  # fmt: skip
-        self._not_models = result.not_models
-        for model, problem in result.unreadable.items():
-            if self._unreadable.get(model) != problem:
-                logger.error(
-                    "cannot list model %s in %s (%s); its versions stay as they were",
-                    shown(model), self.root, problem,
-                )  # fmt: skip
-        self._unreadable = dict(result.unreadable)
 
     def _update_records(self, result: ScanResult) -> None:
         found, files = result.found, result.files
@@ -322,7 +296,11 @@ class ModelRepository:
             record.policy_problem = str(exc)
             return
         record.policy_problem = ""
-        policy = self.config.version_policy.for_model(record.name, from_file)
+        size = caches.wanted_size(self.config.cache_size, from_file)
+        caches.apply_size(record, size, self.metrics)
+        policy = self.config.version_policy.for_model(
+            record.name, None if from_file is None else from_file.version_policy
+        )
         if policy != record.policy:
             if self._started:
                 logger.info("model %s: version policy %s -> %s", record.name, record.policy, policy)
@@ -368,6 +346,7 @@ class ModelRepository:
             entry.loaded_files = await asyncio.to_thread(fingerprint, entry.path)
             entry.changed_files = ()
             handle = await asyncio.to_thread(self._load_blocking, entry.path)
+            caches.attach(record, handle)
             handle.start()
         except LoadError as exc:
             self._refuse(record, entry, str(exc), exc.reason)
@@ -420,6 +399,7 @@ class ModelRepository:
     def _retire(self, record: ModelRecord, entry: VersionRecord) -> None:
         """Stop handing `entry` out (same loop step), then drain it in the background."""
         entry.retire()
+        caches.retire(entry.handle)
         self._update_info(record)
         key = (record.name, entry.version)
         logger.info("model %s version %d retired; draining", *key)

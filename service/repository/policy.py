@@ -12,6 +12,9 @@ A model directory may also hold ``serving.json`` (``{"version_policy": "latest:2
 again at each scan, so that a publisher can pin or roll back without touching the server.
 Precedence: a ``NAME=`` flag entry, then the model's serving.json, then the flag's default.
 
+It may also set the model's response cache (``{"cache_size": "64MiB"}``, or ``"off"``; see
+docs/cache.md), which takes precedence over ``--cache-size``.
+
 Pure (stdlib only): the repository applies policies; this module only parses and selects.
 """
 
@@ -21,6 +24,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from textserve.service.engine.cache_size import CacheSize, CacheSizeError
 
 POLICY_FILE = "serving.json"
 KINDS = ("latest", "all", "specific")
@@ -137,24 +142,57 @@ def parse_policies(text: str) -> PolicySet:
     return PolicySet(default, tuple(sorted(models.items())))
 
 
-def read_policy_file(model_dir: Path) -> VersionPolicy | None:
-    """The policy in ``model_dir/serving.json``, None if there is no such file; PolicyError
+@dataclass(frozen=True)
+class ServingFile:
+    """A model's serving.json: what it sets (None: not set, the flags decide)."""
+
+    version_policy: VersionPolicy | None = None
+    # "cache_size": "64MiB" / "10000entries" (docs/cache.md), or "off": this model has none
+    cache_size: CacheSize | None = None
+    cache_off: bool = False
+
+
+FILE_KEYS = ("version_policy", "cache_size")
+
+
+def read_serving_file(model_dir: Path) -> ServingFile:
+    """``model_dir/serving.json``, an empty ServingFile if there is no such file; PolicyError
     if it is unreadable or malformed."""
     path = Path(model_dir) / POLICY_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return None
+        return ServingFile()
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PolicyError(f"{path} is unreadable: {exc}") from None
-    if not isinstance(data, dict) or set(data) - {"version_policy"}:
-        raise PolicyError(f'{path} must be a JSON object like {{"version_policy": "latest:1"}}')
+    if not isinstance(data, dict) or set(data) - set(FILE_KEYS):
+        raise PolicyError(
+            f'{path} must be a JSON object like {{"version_policy": "latest:1"}} '
+            f"(keys: {', '.join(FILE_KEYS)})"
+        )
+    policy = None
     spec = data.get("version_policy")
-    if spec is None:
-        return None
-    if not isinstance(spec, str):
-        raise PolicyError(f"{path}: version_policy must be a string: {SYNTAX}")
+    if spec is not None:
+        if not isinstance(spec, str):
+            raise PolicyError(f"{path}: version_policy must be a string: {SYNTAX}")
+        try:
+            policy = parse_policy(spec)
+        except PolicyError as exc:
+            raise PolicyError(f"{path}: {exc}") from None
+    size = data.get("cache_size")
+    if size is None:
+        return ServingFile(policy)
+    if not isinstance(size, str | int) or isinstance(size, bool):
+        raise PolicyError(f'{path}: cache_size must be a string such as "64MiB", or "off"')
+    if str(size).strip().lower() == "off":
+        return ServingFile(policy, cache_off=True)
     try:
-        return parse_policy(spec)
-    except PolicyError as exc:
+        return ServingFile(policy, CacheSize.parse(str(size)))
+    except CacheSizeError as exc:
         raise PolicyError(f"{path}: {exc}") from None
+
+
+def read_policy_file(model_dir: Path) -> VersionPolicy | None:
+    """The policy in ``model_dir/serving.json``, None if there is no such file or it sets
+    none; PolicyError if it is unreadable or malformed."""
+    return read_serving_file(model_dir).version_policy

@@ -24,6 +24,7 @@ from textserve.service.repository.loader import Files
 from textserve.service.repository.policy import LATEST, VersionPolicy
 
 if TYPE_CHECKING:
+    from textserve.service.engine.cache import ResponseCache
     from textserve.service.engine.handle import ModelHandle
 
 
@@ -107,6 +108,7 @@ class ModelRecord:
     excluded: set[int] = field(default_factory=set)  # UnloadModel(version): the policy skips them
     disabled: bool = False  # UnloadModel(name): only pinned versions serve until LoadModel(name)
     policy_problem: str = ""  # the last serving.json error, logged once
+    cache: ResponseCache | None = None  # the response cache its versions share (caches.py)
 
     def ready(self) -> list[VersionRecord]:
         """READY versions, newest first."""

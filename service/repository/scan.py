@@ -9,12 +9,13 @@ a mount hiccupped, and it must not stop the scan of the other models.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textserve.artifact import iter_versions
+from textserve.artifact import iter_versions, shown
 from textserve.service.repository.loader import Files, fingerprint
 
 
@@ -25,6 +26,40 @@ class ScanResult:
     not_versions: set[tuple[str, str]] = field(default_factory=set)  # (model, directory name)
     not_models: set[str] = field(default_factory=set)  # directory names that are not text
     files: dict[Path, Files] = field(default_factory=dict)  # fingerprints of watched versions
+
+
+class ScanLog:
+    """Says once per name what a scan skipped, and once per change which model directories
+    could not be listed (their versions stay as they were); on the repository's logger."""
+
+    def __init__(self, root: Path, logger: logging.Logger) -> None:
+        self.root = root
+        self.logger = logger
+        self._not_versions: set[tuple[str, str]] = set()
+        self._not_models: set[str] = set()
+        self._unreadable: dict[str, str] = {}
+
+    def report(self, result: ScanResult) -> None:
+        for model, name in sorted(result.not_versions - self._not_versions):
+            self.logger.warning(
+                "model %s: folder %s is not a version (a version is a decimal number from 1 to "
+                "2**63-1 without leading zeros); skipped",
+                shown(model), shown(name),
+            )  # fmt: skip
+        self._not_versions = result.not_versions  # forgotten once gone: bounded by the disk
+        for name in sorted(result.not_models - self._not_models):
+            self.logger.warning(
+                "folder %s of %s is not a model: its name is not UTF-8 text; skipped",
+                ascii(name[:64]), self.root,
+            )  # fmt: skip
+        self._not_models = result.not_models
+        for model, problem in result.unreadable.items():
+            if self._unreadable.get(model) != problem:
+                self.logger.error(
+                    "cannot list model %s in %s (%s); its versions stay as they were",
+                    shown(model), self.root, problem,
+                )  # fmt: skip
+        self._unreadable = dict(result.unreadable)
 
 
 def scan_repository(root: Path, watched: Iterable[Path] = ()) -> ScanResult:

@@ -42,6 +42,7 @@ def build_response(
     best_scores = probs.max(axis=1).tolist()
     num_tokens = result.num_tokens.tolist()
     truncated = result.truncated.tolist()
+    cached = None if result.cached is None else result.cached.tolist()
     top_k = min(int(request.top_k), len(labels))
     order = np.argsort(-probs, axis=1, kind="stable")[:, :top_k].tolist() if top_k else None
     rows = probs.tolist() if order is not None or request.all_scores else None
@@ -55,6 +56,8 @@ def build_response(
             num_tokens=num_tokens[i],
             truncated=truncated[i],
         )
+        if cached is not None and cached[i]:
+            text.cached = True
         if rows is not None:
             if order is not None:
                 text.top.extend(pb.LabelScore(label=labels[j], score=rows[i][j]) for j in order[i])

@@ -245,6 +245,7 @@ def _report(
     model = seen.model[:MAX_NAME_CHARS]
     tokens = None if result is None else int(result.num_tokens.sum())
     timings = None if result is None else result.timings
+    cached = None if result is None or result.cached is None else result.cached_count
     # Each report on its own: a span that fails to end must not cost the access-log line.
     if trace is not None:
         try:
@@ -255,6 +256,7 @@ def _report(
                 texts=None if seen.texts is None else len(seen.texts),
                 tokens=tokens,
                 timings=timings,
+                cached=cached,
             )
         except Exception:
             logger.exception("tracing a %s request failed", method)
@@ -272,6 +274,7 @@ def _report(
                 timings=timings,
                 seconds=seconds,
                 trace_id=None if trace is None else trace.trace_id,
+                cached=cached,
             )
         except Exception:
             logger.exception("access-logging a %s request failed", method)

@@ -53,7 +53,7 @@ class LabelScore(_message.Message):
     def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class TextResult(_message.Message):
-    __slots__ = ("label", "score", "top", "scores", "num_tokens", "truncated", "labels_over_threshold")
+    __slots__ = ("label", "score", "top", "scores", "num_tokens", "truncated", "labels_over_threshold", "cached")
     LABEL_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class TextResult(_message.Message):
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     LABELS_OVER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
     label: str
     score: float
     top: _containers.RepeatedCompositeFieldContainer[LabelScore]
@@ -68,7 +69,8 @@ class TextResult(_message.Message):
     num_tokens: int
     truncated: bool
     labels_over_threshold: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ..., top: _Optional[_Iterable[_Union[LabelScore, _Mapping]]] = ..., scores: _Optional[_Iterable[float]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., labels_over_threshold: _Optional[_Iterable[str]] = ...) -> None: ...
+    cached: bool
+    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ..., top: _Optional[_Iterable[_Union[LabelScore, _Mapping]]] = ..., scores: _Optional[_Iterable[float]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., labels_over_threshold: _Optional[_Iterable[str]] = ..., cached: _Optional[bool] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("queue_seconds", "tokenize_seconds", "inference_seconds", "total_seconds")

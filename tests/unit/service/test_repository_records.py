@@ -84,7 +84,7 @@ def test_serving_json_is_read_off_the_event_loop(tmp_path: Path, monkeypatch: An
     from textserve.service.repository import core
 
     make_version(tmp_path, "m", 1)
-    real = core.read_policy_file
+    real = core.read_serving_file
     hung, release, released = threading.Event(), threading.Event(), []
 
     def read(model_dir: Path) -> Any:
@@ -93,7 +93,7 @@ def test_serving_json_is_read_off_the_event_loop(tmp_path: Path, monkeypatch: An
             released.append(release.wait(5))
         return real(model_dir)
 
-    monkeypatch.setattr(core, "read_policy_file", read)
+    monkeypatch.setattr(core, "read_serving_file", read)
 
     async def body(repository: core.ModelRepository) -> None:
         hung.set()
