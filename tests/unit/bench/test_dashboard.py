@@ -68,6 +68,7 @@ def test_every_metric_queried_is_one_the_server_exports(dashboard: dict[str, Any
     metrics.init_model("m")
     metrics.set_model_info("m", 1, "CPUExecutionProvider")
     metrics.for_predictions("m", 1, ["negative", "positive"])  # a version's prediction series
+    metrics.for_cache("m")  # a cached model's series
     exported = {s.name for family in metrics.registry.collect() for s in family.samples}
     for expr in exprs(dashboard):
         for name in re.findall(r"\b(textserve_\w+|process_\w+)", expr):
