@@ -90,9 +90,9 @@ def onnxruntime_ceiling(
     manifest = Manifest.read(version_dir)
     # the server's defaults: its device choice and thread count resolve the same way here
     config = RuntimeConfig(intra_op_threads=intra_op_threads)
-    session = Session(version_dir / MODEL_FILE, config)
+    session = Session(version_dir / MODEL_FILE, config, inputs=manifest.inputs)
     tokenizer = load_tokenizer(version_dir / TOKENIZER_FILE)
-    tokenization = Tokenization(tokenizer, manifest.max_length, manifest.pad_token_id)
+    tokenization = Tokenization.for_manifest(tokenizer, manifest)
     if order == "length":
         lengths = [len(ids) for ids in tokenization.encode(texts)]
         texts = [texts[i] for i in sorted(range(len(texts)), key=lengths.__getitem__)]

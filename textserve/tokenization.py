@@ -165,6 +165,10 @@ class Tokenization:
             tokenizer.num_special_tokens_to_add(False),
             tokenizer.num_special_tokens_to_add(True),
         )
+        # Pairs mean something only if the tokenizer's pair template sets the two texts apart
+        # with special tokens; without one ([PAD]/[UNK]-only tokenizers such as our runs') they
+        # would run together as one text.
+        self.takes_pairs = self._specials[1] > 0
         if max_length <= self._specials[0]:
             raise TokenizationError(
                 f"max_length {max_length} leaves no room for a token beside the tokenizer's "

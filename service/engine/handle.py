@@ -58,7 +58,9 @@ class Timings:
 
 @dataclass(frozen=True)
 class ClassifyResult:
-    probabilities: np.ndarray  # float32 (n, num_labels), rows in input order
+    # float32 (n, num_labels), rows in input order: the activation's scores (softmax or sigmoid
+    # probabilities, or a regression model's raw output)
+    probabilities: np.ndarray
     num_tokens: np.ndarray  # int64 (n,), tokens the model saw per text
     truncated: np.ndarray  # bool (n,)
     timings: Timings
@@ -93,13 +95,14 @@ class ModelHandle:
         self.provider = session.provider
         self.max_texts_per_request = max_texts_per_request
         observer = None if metrics is None else metrics.for_model(self.name)
-        # The batch function. THE tokenization (textserve.tokenization): a tokenizer without
-        # [UNK] is refused here.
+        # The batch function. THE tokenization (textserve.tokenization), as the manifest says:
+        # a format 1 version whose tokenizer has no [UNK] is refused here.
         self.runner = TextRunner(
             session,
-            Tokenization(tokenizer, manifest.max_length, manifest.pad_token_id),
+            Tokenization.for_manifest(tokenizer, manifest),
             labels=self.labels,
             max_batch_tokens=batcher_config.max_batch_tokens,
+            activation=manifest.activation,
             name=self.name,
             version=self.version,
             observer=observer,
@@ -186,12 +189,14 @@ class ModelHandle:
         self,
         texts: Sequence[str],
         *,
+        pairs: Sequence[str] | None = None,
         truncate: bool = True,
         deadline: float | None = None,
         trace: BatchTrace | None = None,
     ) -> ClassifyResult:
-        """Probabilities for each text. `deadline`: absolute time.monotonic() seconds;
-        `trace`: the request's trace, linked from the span of each batch that carries it.
+        """Scores for each text (the version's activation). `pairs`: each text's second text
+        (sentence pairs), or None; `deadline`: absolute time.monotonic() seconds; `trace`: the
+        request's trace, linked from the span of each batch that carries it.
 
         Raises ValidationError, OverloadedError, DeadlineExceededError, NotReadyError.
         """
@@ -200,7 +205,7 @@ class ModelHandle:
         # version retired meanwhile still waits for this request (see drain()).
         self._active += 1
         try:
-            payloads, lengths, cut = self._prepare(texts, truncate)
+            payloads, lengths, cut = self._prepare(texts, pairs, truncate)
             hits = self._cached(payloads, truncate)
             if hits is None:
                 batch = await self.batcher.submit(payloads, lengths, deadline=deadline, trace=trace)
@@ -224,6 +229,7 @@ class ModelHandle:
         texts: Sequence[str],
         done: Callable[[ClassifyResult | None, BaseException | None], None],
         *,
+        pairs: Sequence[str] | None = None,
         truncate: bool = True,
         deadline: float | None = None,
         trace: BatchTrace | None = None,
@@ -232,7 +238,7 @@ class ModelHandle:
         raises what classify() raises before queueing, else calls `done(result, None)` or
         `done(None, exception)` on the loop. Cancel the returned future to give up on it."""
         started = time.perf_counter()
-        payloads, lengths, cut = self._prepare(texts, truncate)
+        payloads, lengths, cut = self._prepare(texts, pairs, truncate)
         hits = self._cached(payloads, truncate)
         misses = list(range(len(payloads))) if hits is None else [
             i for i, hit in enumerate(hits) if hit is None
@@ -278,30 +284,55 @@ class ModelHandle:
             self._inactive.set()
 
     def _prepare(
-        self, texts: Sequence[str], truncate: bool
+        self, texts: Sequence[str], pairs: Sequence[str] | None, truncate: bool
     ) -> tuple[list[TextItem], list[int], list[int]]:
-        """Validate a request's texts: the batcher's payloads and estimated lengths, and the
-        positions of the texts cut by characters (see MAX_CHARS_PER_TOKEN)."""
+        """Validate a request's texts (and pairs): the batcher's payloads and estimated
+        lengths, and the positions of the texts cut by characters (see MAX_CHARS_PER_TOKEN)."""
         self._validate(texts)
+        if pairs is not None:
+            self._validate_pairs(texts, pairs)
         max_chars = MAX_CHARS_PER_TOKEN * self.max_length
-        cut = [index for index, text in enumerate(texts) if len(text) > max_chars]
+        cut = self._cut_by_characters(texts, max_chars, "texts", truncate)
+        if pairs is not None:
+            cut = sorted({*cut, *self._cut_by_characters(pairs, max_chars, "text_pairs", truncate)})
         if cut:
-            if not truncate:
-                raise ValidationError(
-                    f"texts[{cut[0]}] is {len(texts[cut[0]])} characters long; model "
-                    f"{self.name!r} takes at most {self.max_length} tokens, and without "
-                    f"truncation at most {max_chars} characters (send truncate=true to cut it, "
-                    "or shorten the text)"
-                )
-            texts = [text[:max_chars] for text in texts]
+            texts = self._shorten(texts, max_chars)
+            pairs = None if pairs is None else self._shorten(pairs, max_chars)
         # Tokenized in the batch, by the inference worker: the queue (and its refusal when full,
         # before any tokenizing) sees the texts at once, with their length in tokens estimated.
-        payloads = [TextItem(text, truncate, index, texts) for index, text in enumerate(texts)]
-        return payloads, self.runner.estimate_lengths(texts), cut
+        if pairs is None:
+            payloads = [TextItem(text, truncate, index, texts) for index, text in enumerate(texts)]
+        else:
+            payloads = [
+                TextItem(text, truncate, index, texts, pair)
+                for index, (text, pair) in enumerate(zip(texts, pairs, strict=True))
+            ]
+        return payloads, self.runner.estimate_lengths(texts, pairs), cut
+
+    def _cut_by_characters(
+        self, texts: Sequence[str], max_chars: int, field: str, truncate: bool
+    ) -> list[int]:
+        """Positions of the texts over `max_chars`; ValidationError for one without truncate."""
+        cut = [index for index, text in enumerate(texts) if len(text) > max_chars]
+        if cut and not truncate:
+            raise ValidationError(
+                f"{field}[{cut[0]}] is {len(texts[cut[0]])} characters long; model "
+                f"{self.name!r} takes at most {self.max_length} tokens, and without "
+                f"truncation at most {max_chars} characters (send truncate=true to cut it, "
+                "or shorten the text)"
+            )
+        return cut
+
+    def _shorten(self, texts: Sequence[str], max_chars: int) -> list[str]:
+        """Texts cut to max_chars at the end the truncation keeps (left truncation: the end)."""
+        if self.runner.tokenization.truncation_side == "left":
+            return [text[-max_chars:] for text in texts]
+        return [text[:max_chars] for text in texts]
 
     def _cached(self, payloads: list[TextItem], truncate: bool) -> list[Hit | None] | None:
-        """Each text's cached answer or None (a miss); None without a cache."""
-        if self.cache is None:
+        """Each text's cached answer or None (a miss); None without a cache, and for sentence
+        pairs (the cache keys single texts)."""
+        if self.cache is None or any(p.pair is not None for p in payloads):
             return None
         return self.cache.lookup([p.text for p in payloads], truncate)
 
@@ -389,3 +420,22 @@ class ModelHandle:
                 raise ValidationError(f"texts[{index}] is not a string")
             if not text or text.isspace():
                 raise ValidationError(f"texts[{index}] is empty; every text needs some content")
+
+    def _validate_pairs(self, texts: Sequence[str], pairs: Sequence[str]) -> None:
+        if len(pairs) != len(texts):
+            raise ValidationError(
+                f"{len(pairs)} text pairs for {len(texts)} texts; send one text_pair per text, "
+                "or none"
+            )
+        if not self.runner.tokenization.takes_pairs:
+            raise ValidationError(
+                f"model {self.name!r} takes no sentence pairs: its tokenizer has no pair "
+                "template (the two texts would run together as one)"
+            )
+        for index, pair in enumerate(pairs):
+            if not isinstance(pair, str):
+                raise ValidationError(f"text_pairs[{index}] is not a string")
+            if not pair or pair.isspace():
+                raise ValidationError(
+                    f"text_pairs[{index}] is empty; every pair needs some content"
+                )

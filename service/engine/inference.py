@@ -7,7 +7,8 @@ split wherever the padding it saves costs more than one more onnxruntime run, se
 subbatches.split_runs), so a request costs one thread hop and a batch of mixed lengths pads
 little. A run that fails is bisected down to the texts that fail alone, which are refused
 (INVALID_ARGUMENT) while the others are answered. The logits become scores in one named step,
-the version's activation (ACTIVATIONS).
+the version's activation (ACTIVATIONS: softmax, sigmoid, none). Sentence pairs are encoded with
+the tokenizer's pair template, and token_type_ids reach a graph that takes them.
 
 It also checks, once at load, that the model fits its tokenizer and manifest (check) and warms
 the session up (warmup). No asyncio here: the handle and the batcher own the loop side.
@@ -31,7 +32,7 @@ from textserve.service.engine.subbatches import (
     split_runs,
 )
 from textserve.service.errors import ValidationError
-from textserve.tokenization import Tokenization
+from textserve.tokenization import Row, Tokenization, TokenizationError
 
 if TYPE_CHECKING:
     from textserve.service.engine.cache import VersionCache
@@ -43,9 +44,26 @@ logger = logging.getLogger(__name__)
 # fails here, before the version serves, not on the first request.
 WARMUP_TEXT = "The quick brown fox jumps over the lazy dog. A gripping, beautifully acted film!"
 
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Element-wise logistic in float32, each label on its own; exp of -|x| only (no overflow)."""
+    x = logits.astype(np.float32, copy=False)
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(np.float32)
+
+
+def identity(logits: np.ndarray) -> np.ndarray:
+    return logits.astype(np.float32, copy=True)
+
+
 # logits (float32, (B, num_labels)) -> the scores a version answers with, by the manifest's
-# activation. softmax: single-label probabilities.
-ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"softmax": softmax}
+# activation. softmax: single-label probabilities; sigmoid: multi-label, every label scored on
+# its own; none: a regression model's raw output.
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "softmax": softmax,
+    "sigmoid": sigmoid,
+    "none": identity,
+}
 
 
 class ModelCheckError(ValueError):
@@ -64,6 +82,7 @@ class TextItem(NamedTuple):
     truncate: bool
     position: int  # in its request, for error messages
     request: object  # the same object for every text of a request
+    pair: str | None = None  # the second text of a sentence pair
 
 
 class TokenizeObserver(Protocol):
@@ -74,7 +93,7 @@ def row_dtype(num_labels: int) -> np.dtype:
     """One text's result: what TextRunner returns per row and the handle reads back."""
     return np.dtype(
         [
-            ("probabilities", np.float32, (num_labels,)),
+            ("probabilities", np.float32, (num_labels,)),  # the activation's scores
             ("num_tokens", np.int64),  # tokens the model saw
             ("full_tokens", np.int64),  # tokens before truncation
             ("tokenize_seconds", np.float64),  # tokenization of the text's batch
@@ -115,14 +134,21 @@ class TextRunner:
         # Characters per token seen so far, for the batcher's length estimate (written by the
         # inference thread, read on the loop: a float, replaced whole).
         self.chars_per_token = 4.0
+        # token_type_ids are computed and fed only for a graph that takes them.
+        self.feeds_token_type_ids = getattr(session, "takes_token_type_ids", False)
         # The response cache of this version (engine/cache.py), when the model has one: texts
         # that tokenize like a cached one are answered without a run, the others stored.
         self.cache: VersionCache | None = None
 
-    def estimate_lengths(self, texts: Sequence[str]) -> list[int]:
+    def estimate_lengths(
+        self, texts: Sequence[str], pairs: Sequence[str] | None = None
+    ) -> list[int]:
         """Each text's token count as the queue sees it before tokenization (from its length in
-        characters): the queue sees a request at once, and a refused one costs no tokenizing."""
+        characters, a pair's both texts): the queue sees a request at once, and a refused one
+        costs no tokenizing."""
         limit, per_token = self.max_length, self.chars_per_token
+        if pairs is not None:
+            texts = [text + pair for text, pair in zip(texts, pairs, strict=True)]
         return [min(limit, int(len(text) / per_token) + 1) for text in texts]
 
     # -- load-time checks ------------------------------------------------------------------------
@@ -202,13 +228,13 @@ class TextRunner:
         runs: list[RunStats] = []
         if not keep:  # every text of the batch was refused
             return BatchOutput(out, runs, errors)
-        lengths = [len(encoded[row]) for row in keep]
+        lengths = [len(encoded[row].ids) for row in keep]
         # Padded once, sorted by length; each sub-batch is a slice as wide as its longest text.
-        input_ids, attention_mask = self.tokenization.pad([encoded[row] for row in keep])
+        inputs = self._pad([encoded[row] for row in keep])
         logits = np.empty((len(keep), len(self.labels)), np.float32)
         failed: dict[int, Exception] = {}  # index in `keep` -> why it failed, run alone
         for start, end in self.plan_runs(lengths):
-            self._run_range(input_ids, attention_mask, lengths, start, end, logits, runs, failed)
+            self._run_range(inputs, lengths, start, end, logits, runs, failed)
         if failed:
             logits[list(failed)] = 0.0  # rows never written: keep the activation off garbage
             errors = errors or {}
@@ -216,9 +242,9 @@ class TextRunner:
         out["probabilities"][keep] = self._activate(logits)
         if cache is not None:
             for index, row in enumerate(keep):
-                if index not in failed:
+                if index not in failed and payloads[row].pair is None:  # (pairs: not cached)
                     cache.store(
-                        payloads[row].text, encoded[row], int(out["full_tokens"][row]),
+                        payloads[row].text, encoded[row].ids, int(out["full_tokens"][row]),
                         out["probabilities"][row],
                     )  # fmt: skip
         return BatchOutput(out, runs, errors)
@@ -227,57 +253,101 @@ class TextRunner:
     def _answer_cached(
         cache: VersionCache,
         payloads: list[TextItem],
-        encoded: list[list[int]],
+        encoded: list[Row],
         keep: list[int],
         out: np.ndarray,
     ) -> list[int]:
         """Fill the rows whose ids (after truncation) are cached, and remember their texts
-        (the next time they are answered before the queue); the rows left to run."""
+        (the next time they are answered before the queue); the rows left to run. Sentence
+        pairs always run: the cache keys single texts (a pair's type ids are not in its ids)."""
         left = []
         for row in keep:
-            hit = cache.by_ids(encoded[row])
+            ids = encoded[row].ids
+            hit = None if payloads[row].pair is not None else cache.by_ids(ids)
             if hit is None:
                 left.append(row)
                 continue
             out["probabilities"][row] = hit
             out["cached"][row] = True
-            cache.store(payloads[row].text, encoded[row], int(out["full_tokens"][row]), hit)
+            cache.store(payloads[row].text, ids, int(out["full_tokens"][row]), hit)
         return left
+
+    def _pad(self, rows: list[Row]) -> tuple[np.ndarray, ...]:
+        """The graph's inputs for `rows`: (input_ids, attention_mask[, token_type_ids])."""
+        if self.feeds_token_type_ids:
+            return tuple(self.tokenization.pad_rows(rows))
+        return self.tokenization.pad([row.ids for row in rows])
+
+    def _encode(self, payloads: list[TextItem]) -> list[Row | TokenizationError]:
+        """Each payload's Row (single texts and pairs encoded apart: a batch may hold both)."""
+        encoded: list[Row | TokenizationError] = [Row([], [], 0)] * len(payloads)
+        single = [row for row, p in enumerate(payloads) if p.pair is None]
+        paired = [row for row, p in enumerate(payloads) if p.pair is not None]
+        if single:
+            rows = self.tokenization.rows([payloads[row].text for row in single])
+            for row, one in zip(single, rows, strict=True):
+                encoded[row] = one
+        if paired:
+            try:
+                texts = [payloads[row].text for row in paired]
+                pairs = [payloads[row].pair or "" for row in paired]
+                results: Sequence[Row | TokenizationError] = self.tokenization.rows(texts, pairs)
+            except TokenizationError as exc:  # e.g. max_length shorter than a pair's template
+                results = [exc] * len(paired)
+            for row, result in zip(paired, results, strict=True):
+                encoded[row] = result
+        return encoded
 
     def _tokenize(
         self, payloads: list[TextItem], out: np.ndarray
-    ) -> tuple[list[list[int]], list[int], dict[int, Exception] | None]:
-        """Token ids per payload (cut to max_length where truncation is on), the rows that run
-        (sorted by token length) and the rows refused (over-long without truncation: their
-        request's other texts do not run either). Fills out's num_tokens and full_tokens."""
-        encoded = self.tokenization.full_ids([p.text for p in payloads])
-        limit = self.max_length
+    ) -> tuple[list[Row], list[int], dict[int, Exception] | None]:
+        """Token rows per payload (cut to max_length where truncation is on), the rows that run
+        (sorted by token length) and the rows refused (over-long without truncation, no tokens
+        without an unknown token: their request's other texts do not run either). Fills out's
+        num_tokens and full_tokens."""
+        encoded = self._encode(payloads)
         full = out["full_tokens"]
-        errors: dict[int, Exception] | None = None
+        errors: dict[int, Exception] = {}
         keep: list[int] = []  # rows that run
+        rows: list[Row] = []
         chars = tokens = 0
-        for row, (payload, ids) in enumerate(zip(payloads, encoded, strict=True)):
-            n = full[row] = len(ids)
-            chars += len(payload.text)
-            tokens += n
-            if n > limit:
-                if not payload.truncate:
-                    errors = errors or {}
-                    errors[row] = ValidationError(
-                        f"texts[{payload.position}] is {n} tokens long; model {self.name!r} takes "
-                        f"at most {limit} (send truncate=true to cut it, or shorten the text)"
-                    )
-                    continue
-                encoded[row] = ids[:limit]
+        for row, (payload, result) in enumerate(zip(payloads, encoded, strict=True)):
+            encoding = result if isinstance(result, Row) else Row([], [], 0)
+            rows.append(encoding)
+            full[row] = encoding.length
+            chars += len(payload.text) + len(payload.pair or "")
+            tokens += encoding.length
+            refused = self._refusal(payload, result)
+            if refused is not None:
+                errors[row] = refused
+                continue
             keep.append(row)
         if errors:  # a refused request's other texts do not run either
-            refused = {id(payloads[row].request) for row in errors}
-            keep = [row for row in keep if id(payloads[row].request) not in refused]
+            refused_requests = {id(payloads[row].request) for row in errors}
+            keep = [row for row in keep if id(payloads[row].request) not in refused_requests]
         if tokens:
             self.chars_per_token = max(1.0, chars / tokens)
-        keep.sort(key=lambda row: len(encoded[row]))
-        out["num_tokens"][keep] = [len(encoded[row]) for row in keep]
-        return encoded, keep, errors
+        keep.sort(key=lambda row: len(rows[row].ids))
+        out["num_tokens"][keep] = [len(rows[row].ids) for row in keep]
+        return rows, keep, errors or None
+
+    def _refusal(self, payload: TextItem, result: Row | TokenizationError) -> Exception | None:
+        """Why a text does not run (ValidationError), or None."""
+        where = f"texts[{payload.position}]"
+        if isinstance(result, TokenizationError):
+            return ValidationError(f"{where}: model {self.name!r} cannot take a pair: {result}")
+        if not result.ids:
+            return ValidationError(
+                f"{where} gives no tokens (nothing of it is left after the tokenizer's "
+                f"normalization) and model {self.name!r} has no unknown token to stand for it"
+            )
+        if result.truncated and not payload.truncate:
+            pair = "" if payload.pair is None else " with its text pair"
+            return ValidationError(
+                f"{where}{pair} is {result.length} tokens long; model {self.name!r} takes at "
+                f"most {self.max_length} (send truncate=true to cut it, or shorten the text)"
+            )
+        return None
 
     def plan_runs(self, lengths: list[int]) -> list[tuple[int, int]]:
         """(start, end) of each sub-batch of `lengths` (ascending): split_runs, then any
@@ -293,8 +363,7 @@ class TextRunner:
 
     def _run_range(
         self,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray,
+        inputs: tuple[np.ndarray, ...],
         lengths: list[int],
         start: int,
         end: int,
@@ -310,8 +379,7 @@ class TextRunner:
         width = lengths[end - 1]
         try:
             logits[start:end] = self.session.run(
-                np.ascontiguousarray(input_ids[start:end, :width]),
-                np.ascontiguousarray(attention_mask[start:end, :width]),
+                *(np.ascontiguousarray(array[start:end, :width]) for array in inputs)
             )
         except Exception as exc:
             if end - start == 1:
@@ -319,7 +387,7 @@ class TextRunner:
                 return
             middle = (start + end) // 2
             for lo, hi in ((start, middle), (middle, end)):
-                self._run_range(input_ids, attention_mask, lengths, lo, hi, logits, runs, failed)
+                self._run_range(inputs, lengths, lo, hi, logits, runs, failed)
             return
         runs.append(
             RunStats(

@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 
 from textserve.artifact import INPUT_NAMES, OUTPUT_NAME
-from textserve.onnx_contract import GraphContractError, check_graph, inference_session
+from textserve.onnx_contract import (
+    TOKEN_TYPE_IDS,
+    GraphContractError,
+    check_graph,
+    inference_session,
+)
 from textserve.service.config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
@@ -121,11 +126,16 @@ class Session:
     input_ids, attention_mask int64 (B, T) -> logits float32 (B, num_labels)."""
 
     def __init__(
-        self, model: Path | bytes, config: RuntimeConfig, *, source: Path | None = None
+        self,
+        model: Path | bytes,
+        config: RuntimeConfig,
+        *,
+        source: Path | None = None,
+        inputs: Sequence[str] = INPUT_NAMES,
     ) -> None:
         """`model`: model.onnx's path, or its bytes (the repository passes the bytes it
         verified, so no other file can be loaded in their place); `source` names them in
-        messages."""
+        messages; `inputs`: the graph's inputs as the manifest lists them."""
         model_path = source or (Path("<model.onnx bytes>") if isinstance(model, bytes) else model)
         ort = _onnxruntime(preload_cuda=config.device != "cpu")
         requested = select_providers(config.device, ort.get_available_providers())
@@ -140,19 +150,30 @@ class Session:
             raise RuntimeLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
         self.provider = check_granted(config.device, requested, self._session.get_providers())
         self.providers = list(self._session.get_providers())
-        check_contract(model_path, self._session)
+        check_contract(model_path, self._session, inputs)
         self._outputs = [OUTPUT_NAME]
+        self.takes_token_type_ids = TOKEN_TYPE_IDS in inputs
 
     def close(self) -> None:
         """Release the onnxruntime session (weights, memory arena) now rather than whenever the
         garbage collector reaches the objects that refer to it; run() fails afterwards."""
         self._session = None
 
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """Logits as float32 (B, num_labels) (an fp16 model's output is widened)."""
-        (logits,) = self._session.run(
-            self._outputs, {"input_ids": input_ids, "attention_mask": attention_mask}
-        )
+    def run(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        token_type_ids: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Logits as float32 (B, num_labels) (an fp16 model's output is widened).
+        `token_type_ids` go to a graph that takes them (zeros when not given: a single text's
+        type ids, as the probes and warm-up send); a graph without the input never sees them."""
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.takes_token_type_ids:
+            feeds[TOKEN_TYPE_IDS] = (
+                np.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+            )
+        (logits,) = self._session.run(self._outputs, feeds)
         return np.asarray(logits, dtype=np.float32)
 
     def warmup(self, max_length: int, max_batch_size: int, token_id: int = 1) -> np.ndarray:

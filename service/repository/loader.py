@@ -109,7 +109,12 @@ def load_version_dir(
             f"{path}/{TOKENIZER_FILE} is not a tokenizers file: {exc}", "tokenizer_error"
         ) from None
     try:
-        session = Session(files.pop(MODEL_FILE), config.runtime, source=path / MODEL_FILE)
+        session = Session(
+            files.pop(MODEL_FILE),
+            config.runtime,
+            source=path / MODEL_FILE,
+            inputs=manifest.inputs,
+        )
     except DeviceUnavailableError:
         raise
     except ContractError as exc:

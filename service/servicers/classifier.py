@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 
 from textserve.service.servicers.convert import model_summary, version_statuses
-from textserve.service.servicers.resolve import resolve, truncation
+from textserve.service.servicers.resolve import pairs_of, resolve, threshold_of, truncation
 from textserve.service.servicers.status import deadline_of, grpc_errors, observed
 from textserve.service.servicers.stream import ClassifyStreamCall
 from textserve.v1 import classifier_pb2 as pb
@@ -37,6 +37,9 @@ def build_response(
 ) -> pb.ClassifyResponse:
     probs = result.probabilities
     labels = handle.labels
+    threshold = threshold_of(request, handle)
+    # multi-label: per text, the labels whose own score reaches the threshold (label order)
+    passing = None if threshold is None else (probs >= threshold).tolist()
     # Python lists up front: indexing numpy arrays element by element costs more than the rest.
     best = probs.argmax(axis=1).tolist()
     best_scores = probs.max(axis=1).tolist()
@@ -58,6 +61,10 @@ def build_response(
         )
         if cached is not None and cached[i]:
             text.cached = True
+        if passing is not None:
+            text.labels_over_threshold.extend(
+                label for label, on in zip(labels, passing[i], strict=True) if on
+            )
         if rows is not None:
             if order is not None:
                 text.top.extend(pb.LabelScore(label=labels[j], score=rows[i][j]) for j in order[i])
@@ -71,6 +78,20 @@ def build_response(
     timing.inference_seconds = timings.inference_seconds
     timing.total_seconds = timings.total_seconds
     return response
+
+
+def model_contract(handle: ModelHandle) -> dict[str, Any]:
+    """ModelInfo's fields from the manifest's contract: source, activation, inputs, threshold."""
+    manifest = handle.manifest
+    return {
+        "source_kind": manifest.source.kind,
+        "architecture": manifest.source.architecture,
+        "model_type": manifest.source.model_type or "",
+        "activation": manifest.activation,
+        "inputs": manifest.inputs,
+        "threshold": manifest.decision_threshold if manifest.activation == "sigmoid" else 0.0,
+        "truncation_side": manifest.truncation_side,
+    }
 
 
 class ClassifierServicer(pb_grpc.ClassifierServicer):
@@ -96,8 +117,13 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
             handle = resolve(self._repository, request.model, request.version)
             seen.reached(handle.name, handle.version, request.texts)
             truncate = truncation(request.truncate if request.HasField("truncate") else None)
+            threshold_of(request, handle)  # a bad threshold costs no inference
             seen.result = result = await handle.classify(
-                request.texts, truncate=truncate, deadline=deadline, trace=seen.trace
+                request.texts,
+                pairs=pairs_of(request),
+                truncate=truncate,
+                deadline=deadline,
+                trace=seen.trace,
             )
             return build_response(request, handle, result)
 
@@ -149,6 +175,7 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
             is_default=handle.name == self._repository.default_model,
             test_accuracy=handle.manifest.test_accuracy,
             created_at=handle.manifest.created_at,
+            **model_contract(handle),
             batching=pb.BatchingStats(
                 batches=stats.batches,
                 items=stats.items,

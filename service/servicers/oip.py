@@ -146,7 +146,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             truncate = truncation(decoded.truncate)
             try:
                 seen.result = result = await handle.classify(
-                    decoded.texts, truncate=truncate, deadline=deadline, trace=seen.trace
+                    decoded.texts,
+                    pairs=decoded.pairs,
+                    truncate=truncate,
+                    deadline=deadline,
+                    trace=seen.trace,
                 )
             except ValidationError as exc:
                 # The core speaks of texts[i]; OIP clients sent a tensor.

@@ -1,6 +1,7 @@
 """Open Inference Protocol tensors <-> texts and class probabilities; pure, no I/O, no grpc.
 
-The model as OIP clients see it: input ``TEXT`` (BYTES, shape ``[n]`` or ``[n, 1]``, UTF-8);
+The model as OIP clients see it: input ``TEXT`` (BYTES, shape ``[n]`` or ``[n, 1]``, UTF-8) and,
+for sentence pairs, ``TEXT_PAIR`` (BYTES, the same shape: each text's second text);
 outputs ``LABEL`` (BYTES), ``SCORE`` (FP32) — both shaped like the input — and
 ``PROBABILITIES`` (FP32, ``[n, num_labels]``). Use::
 
@@ -29,6 +30,7 @@ from textserve.service.errors import ValidationError
 __all__ = [
     "INPUT_NAME",
     "OUTPUT_NAMES",
+    "PAIR_INPUT_NAME",
     "DecodedRequest",
     "decode_request",
     "encode_response",
@@ -37,6 +39,8 @@ __all__ = [
 ]
 
 INPUT_NAME = "TEXT"
+PAIR_INPUT_NAME = "TEXT_PAIR"  # optional: the second texts of sentence pairs, shaped as TEXT
+INPUT_NAMES = (INPUT_NAME, PAIR_INPUT_NAME)
 OUTPUT_NAMES: tuple[str, ...] = ("LABEL", "SCORE", "PROBABILITIES")
 TRUNCATE_PARAMETER = "truncate"
 _LENGTH = struct.Struct("<I")
@@ -52,6 +56,7 @@ class DecodedRequest:
     raw: bool  # the inputs came in raw_input_contents: answer in raw_output_contents
     truncate: bool | None  # the `truncate` parameter; None leaves the server's default
     request_id: str  # echoed in the response
+    pairs: list[str] | None = None  # the TEXT_PAIR elements (sentence pairs), or None
 
 
 def unpack_bytes(raw: bytes, count: int, tensor: str = INPUT_NAME) -> list[bytes]:
@@ -148,36 +153,69 @@ def _truncate(request: pb.ModelInferRequest) -> bool | None:
 
 
 def decode_request(request: pb.ModelInferRequest) -> DecodedRequest:
-    """Check a ModelInferRequest and take out its texts and options; ValidationError if bad."""
+    """Check a ModelInferRequest and take out its texts (and pairs) and options; ValidationError
+    if bad."""
     names = [tensor.name for tensor in request.inputs]
-    unexpected = [name for name in names if name != INPUT_NAME]
+    unexpected = [name for name in names if name not in INPUT_NAMES]
     if unexpected:
         raise ValidationError(
-            f"unexpected input tensor {unexpected[0]!r}; the model takes one input, {INPUT_NAME!r}"
+            f"unexpected input tensor {unexpected[0]!r}; the model takes {INPUT_NAME!r} (and, "
+            f"for sentence pairs, {PAIR_INPUT_NAME!r})"
         )
-    if not names:
+    if INPUT_NAME not in names:
         raise ValidationError(f"input tensor {INPUT_NAME!r} is missing; send the texts in it")
-    if len(names) > 1:
-        raise ValidationError(f"input tensor {INPUT_NAME!r} is given {len(names)} times")
-    tensor = request.inputs[0]
+    for name in INPUT_NAMES:
+        if names.count(name) > 1:
+            raise ValidationError(f"input tensor {name!r} is given {names.count(name)} times")
+    raw = len(request.raw_input_contents) > 0
+    if raw and len(request.raw_input_contents) != len(names):
+        raise ValidationError(
+            f"raw_input_contents has {len(request.raw_input_contents)} entries but the "
+            f"request has {len(names)} input tensor{'s' if len(names) > 1 else ''}; send "
+            "exactly one entry per input"
+        )
+    # raw_input_contents are in the order of the inputs
+    decoded = {
+        tensor.name: _tensor_texts(tensor, request.raw_input_contents[i] if raw else None)
+        for i, tensor in enumerate(request.inputs)
+    }
+    texts, shape = decoded[INPUT_NAME]
+    pairs = None
+    if PAIR_INPUT_NAME in decoded:
+        pairs, pair_shape = decoded[PAIR_INPUT_NAME]
+        if pair_shape != shape:
+            raise ValidationError(
+                f"input tensor {PAIR_INPUT_NAME!r} has shape {pair_shape} but {INPUT_NAME!r} "
+                f"has {shape}: send one pair per text"
+            )
+    return DecodedRequest(
+        texts=texts,
+        column=len(shape) == 2,
+        outputs=_requested_outputs(request),
+        raw=raw,
+        truncate=_truncate(request),
+        request_id=request.id,
+        pairs=pairs,
+    )
+
+
+def _tensor_texts(
+    tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None
+) -> tuple[list[str], list[int]]:
+    """The texts of one BYTES input tensor (from its raw entry, or its contents) and its shape."""
+    name = tensor.name
     if tensor.datatype != "BYTES":
         raise ValidationError(
-            f"input tensor {INPUT_NAME!r}: datatype must be BYTES, got {tensor.datatype or 'none'}"
+            f"input tensor {name!r}: datatype must be BYTES, got {tensor.datatype or 'none'}"
         )
     count = _element_count(tensor)
-    raw = len(request.raw_input_contents) > 0
-    if raw:
-        if len(request.raw_input_contents) != 1:
-            raise ValidationError(
-                f"raw_input_contents has {len(request.raw_input_contents)} entries but the "
-                f"request has 1 input tensor; send exactly one entry per input"
-            )
+    if raw is not None:
         if tensor.HasField("contents"):
             raise ValidationError(
-                f"input tensor {INPUT_NAME!r}: give its data either in contents or in "
+                f"input tensor {name!r}: give its data either in contents or in "
                 "raw_input_contents, not both"
             )
-        items = unpack_bytes(request.raw_input_contents[0], count)
+        items = unpack_bytes(raw, count, name)
     else:
         items = list(tensor.contents.bytes_contents)
         if len(items) != count:
@@ -188,17 +226,10 @@ def decode_request(request: pb.ModelInferRequest) -> DecodedRequest:
             ]
             hint = f"; BYTES data goes there, not in {', '.join(typed)}" if typed else ""
             raise ValidationError(
-                f"input tensor {INPUT_NAME!r}: shape {list(tensor.shape)} needs {count} "
+                f"input tensor {name!r}: shape {list(tensor.shape)} needs {count} "
                 f"element(s) but contents.bytes_contents has {len(items)}{hint}"
             )
-    return DecodedRequest(
-        texts=_decode_utf8(items, INPUT_NAME),
-        column=len(tensor.shape) == 2,
-        outputs=_requested_outputs(request),
-        raw=raw,
-        truncate=_truncate(request),
-        request_id=request.id,
-    )
+    return _decode_utf8(items, name), list(tensor.shape)
 
 
 def encode_response(

@@ -1,9 +1,10 @@
 """The prologue every front end runs on a request, written once: which model version serves it,
-and whether over-long texts are truncated.
+whether over-long texts are truncated, and a multi-label model's decision threshold.
 
     handle = resolve(repository, request.model, request.version)  # textserve.v1: int, 0 = newest
     handle = resolve(repository, model_name, "3")                  # OIP / HTTP: a version string
     truncate = truncation(request.truncate if request.HasField("truncate") else None)
+    threshold = threshold_of(request, handle)          # textserve.v1; None: not multi-label
 
 textserve.v1 (unary and stream), the Open Inference Protocol over gRPC and every HTTP route use
 these, so an empty name, a version 0 or "", a name too long to be a model's and the default of
@@ -12,16 +13,18 @@ these, so an empty name, a version 0 or "", a name too long to be a model's and 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from textserve import artifact
 from textserve.artifact import MAX_VERSION, shown
-from textserve.service.errors import ModelNotFoundError
+from textserve.service.errors import ModelNotFoundError, ValidationError
 from textserve.service.servicers.status import model_name
 
 if TYPE_CHECKING:
     from textserve.service.engine.handle import ModelHandle
     from textserve.service.repository.core import ModelRepository
+    from textserve.v1 import classifier_pb2 as pb
 
 # Over-long texts are cut to the model's max_length unless the request says truncate=false
 # (then they are refused with INVALID_ARGUMENT): ClassifyRequest.truncate's documented default.
@@ -53,3 +56,30 @@ def resolve(repository: ModelRepository, model: str, version: int | str | None) 
 def truncation(requested: bool | None) -> bool:
     """What a request's `truncate` means: its value when it gave one, else DEFAULT_TRUNCATE."""
     return DEFAULT_TRUNCATE if requested is None else requested
+
+
+def decision_threshold(handle: ModelHandle, requested: float | None) -> float | None:
+    """The score a multi-label (sigmoid) model's label must reach to be listed: the request's
+    (in (0, 1)), else the manifest's; None for other models. ValidationError for a threshold
+    out of range or sent to a model that has no threshold."""
+    manifest = handle.manifest
+    if requested is not None:
+        if not (math.isfinite(requested) and 0.0 < requested < 1.0):
+            raise ValidationError(f"threshold must be between 0 and 1 (exclusive), got {requested}")
+        if manifest.activation != "sigmoid":
+            raise ValidationError(
+                f"threshold is for multi-label models (activation sigmoid); model "
+                f"{shown(handle.name)} is {manifest.activation} (leave threshold unset)"
+            )
+        return requested
+    return manifest.decision_threshold if manifest.activation == "sigmoid" else None
+
+
+def threshold_of(request: pb.ClassifyRequest, handle: ModelHandle) -> float | None:
+    """A textserve.v1 request's decision threshold (multi-label models), checked."""
+    return decision_threshold(handle, request.threshold if request.HasField("threshold") else None)
+
+
+def pairs_of(request: pb.ClassifyRequest) -> list[str] | None:
+    """A textserve.v1 request's text_pairs, or None for single texts."""
+    return list(request.text_pairs) if request.text_pairs else None

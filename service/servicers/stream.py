@@ -26,7 +26,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from textserve.service.servicers.resolve import resolve, truncation
+from textserve.service.servicers.resolve import pairs_of, resolve, threshold_of, truncation
 from textserve.service.servicers.status import (
     Observation,
     deadline_of,
@@ -141,9 +141,11 @@ class ClassifyStreamCall:
         try:
             message.handle = handle = resolve(self._repository, request.model, request.version)
             seen.reached(handle.name, handle.version, request.texts)
+            threshold_of(request, handle)  # a bad threshold costs no inference
             message.future = handle.classify_nowait(
                 request.texts,
                 functools.partial(self._done, message),
+                pairs=pairs_of(request),
                 truncate=truncation(request.truncate if request.HasField("truncate") else None),
                 deadline=self._deadline,
                 trace=seen.trace,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,12 @@ class VersionInfo:
             "labels": m.labels if m else None,
             "max_length": m.max_length if m else None,
             "created_at": m.created_at if m else None,
+            "format_version": m.format_version if m else None,
+            "source": asdict(m.source) if m else None,
+            "activation": m.activation if m else None,
+            "threshold": m.decision_threshold if m and m.activation == "sigmoid" else None,
+            "inputs": m.inputs if m else None,
+            "truncation_side": m.truncation_side if m else None,
             "status": self.status,
         }
 
@@ -91,7 +97,10 @@ def _describe(name: str, version: int, version_dir: Path, verify: bool) -> Versi
 
 
 def format_table(versions: list[VersionInfo]) -> str:
-    header = ("NAME", "VERSION", "PRECISION", "ACCURACY", "SIZE", "OPSET", "CREATED", "STATUS")
+    header = (
+        "NAME", "VERSION", "PRECISION", "ACCURACY", "SIZE", "OPSET", "SOURCE", "ACTIVATION",
+        "INPUTS", "CREATED", "STATUS",
+    )  # fmt: skip
     rows = [header]
     for v in versions:
         m = v.manifest
@@ -103,6 +112,9 @@ def format_table(versions: list[VersionInfo]) -> str:
                 f"{m.test_accuracy:.2%}" if m and m.test_accuracy is not None else "-",
                 _human(v.size_bytes),
                 str(m.opset) if m else "-",
+                f"{m.source.kind}:{m.source.architecture}" if m else "-",
+                _activation(m) if m else "-",
+                ",".join(INPUT_ABBREVIATIONS.get(i, i) for i in m.inputs) if m else "-",
                 m.created_at if m else "-",
                 v.status,
             )
@@ -112,6 +124,16 @@ def format_table(versions: list[VersionInfo]) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
         for row in rows
     )
+
+
+# The table's short names of the graph inputs (--json has the full ones).
+INPUT_ABBREVIATIONS = {"input_ids": "ids", "attention_mask": "mask", "token_type_ids": "types"}
+
+
+def _activation(manifest: Manifest) -> str:
+    if manifest.activation == "sigmoid":
+        return f"sigmoid@{manifest.decision_threshold:g}"
+    return manifest.activation
 
 
 def _human(size: int) -> str:

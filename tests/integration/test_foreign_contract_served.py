@@ -1,0 +1,280 @@
+"""Contract format 2 served by a real server (both gRPC APIs, real onnxruntime) on hand-built
+foreign-style versions: a tokenizer with its own special tokens (<s> … </s>, <pad> = 1,
+<unk> = 3, a pair template with type ids) and graphs that take token_type_ids. Multi-label
+(sigmoid, labels over a threshold), regression (raw score), sentence pairs through Classify and
+OIP, and the bad requests each gets INVALID_ARGUMENT for. Scores are checked against numpy
+on the same graph weights; tokenization against transformers is tests/unit/textserve/
+test_tokenization_v2.py's, served scores against transformers' pipeline are
+tests/integration/test_foreign_models_served.py's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+from tests.handmade import make_version
+from tests.serving import RunningServer, running_server
+from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, Source, sha256_file
+from textserve.commands.models import list_versions
+from textserve.oip import grpc_service_pb2 as oip
+from textserve.oip import grpc_service_pb2_grpc as oip_grpc
+from textserve.tokenization import Tokenization
+from textserve.v1 import classifier_pb2 as pb
+from textserve.v1 import classifier_pb2_grpc as pb_grpc
+
+WORDS = ["good", "bad", "film", "plot", "a", "the", "is", "man", "sleeps", "person", "rests"]
+SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+MAX_LENGTH = 12
+TEXTS = ["a good film", "the plot is bad bad bad", "zebra", "good " * 30]
+PAIRS = ["a man sleeps", "a person rests", "good", "bad plot"]
+
+
+def make_tokenizer() -> Tokenizer:
+    vocab = {**SPECIALS, **{w: i + len(SPECIALS) for i, w in enumerate(WORDS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> $B:1 </s>:1",
+        special_tokens=[("<s>", 0), ("</s>", 2)],
+    )
+    return tokenizer
+
+
+def weights(num_labels: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    vocab = len(SPECIALS) + len(WORDS)
+    return (
+        rng.normal(size=(vocab, num_labels)).astype(np.float32),
+        rng.normal(size=(2, num_labels)).astype(np.float32) * 3,  # type embeddings: matter
+    )
+
+
+def make_graph(num_labels: int, seed: int) -> onnx.ModelProto:
+    """logits = mean over real tokens of W[input_ids] + T[token_type_ids]."""
+    w, t = weights(num_labels, seed)
+    nodes = [
+        helper.make_node("Gather", ["W", "input_ids"], ["tok"], axis=0),
+        helper.make_node("Gather", ["T", "token_type_ids"], ["typ"], axis=0),
+        helper.make_node("Add", ["tok", "typ"], ["emb"]),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["maskf", "axis2"], ["mask3"]),
+        helper.make_node("Mul", ["emb", "mask3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0),
+        helper.make_node("ReduceSum", ["maskf", "axis1"], ["count"], keepdims=1),
+        helper.make_node("Div", ["summed", "count"], ["logits"]),
+    ]
+    axes = ["batch_size", "sequence_length"]
+    graph = helper.make_graph(
+        nodes,
+        "foreign",
+        [
+            helper.make_tensor_value_info(name, TensorProto.INT64, axes)
+            for name in ("input_ids", "attention_mask", "token_type_ids")
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", num_labels])],
+        initializer=[
+            numpy_helper.from_array(w, "W"),
+            numpy_helper.from_array(t, "T"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
+            numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def make_foreign_version(
+    repository: Path, name: str, labels: Sequence[str], activation: str, *, seed: int,
+    threshold: float | None = None,
+) -> Path:  # fmt: skip
+    path = repository / name / "1"
+    path.mkdir(parents=True)
+    make_tokenizer().save(str(path / TOKENIZER_FILE))
+    onnx.save(make_graph(len(labels), seed), str(path / MODEL_FILE))
+    Manifest(
+        name=name,
+        version=1,
+        labels=list(labels),
+        max_length=MAX_LENGTH,
+        pad_token_id=1,
+        opset=17,
+        precision="fp32",
+        sha256={f: sha256_file(path / f) for f in (MODEL_FILE, TOKENIZER_FILE)},
+        source_checkpoint_sha256="0" * 64,
+        parity={},
+        test_accuracy=None,
+        created_at="2026-12-01T00:00:00Z",
+        source=Source("huggingface", "RobertaForSequenceClassification", "roberta"),
+        inputs=["input_ids", "attention_mask", "token_type_ids"],
+        activation=activation,
+        threshold=threshold,
+        unk_token_id=3,
+    ).write(path)
+    return path
+
+
+def reference_logits(
+    num_labels: int, seed: int, texts: Sequence[str], pairs: Sequence[str] | None = None,
+    *, zero_types: bool = False,
+) -> np.ndarray:  # fmt: skip
+    """The graph's logits in numpy, one text at a time (no padding involved)."""
+    w, t = weights(num_labels, seed)
+    tokenization = Tokenization(make_tokenizer(), MAX_LENGTH, 1, unk_token_id=3)
+    out = []
+    for row in tokenization.rows(texts, pairs):
+        types = np.zeros(len(row.ids), int) if zero_types else np.asarray(row.type_ids)
+        out.append((w[row.ids] + t[types]).mean(axis=0))
+    return np.asarray(out, np.float32)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+MULTI = ("toxic", "funny", "long")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repository = tmp_path_factory.mktemp("foreign")
+    make_foreign_version(repository, "multi", MULTI, "sigmoid", seed=1, threshold=0.4)
+    make_foreign_version(repository, "regress", ["stars"], "none", seed=2)
+    make_foreign_version(repository, "nli", ["entail", "contradict"], "softmax", seed=3)
+    make_version(repository, "plain", 1)  # our own kind: no pair template
+    with running_server(repository) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def stub(server: RunningServer) -> pb_grpc.ClassifierStub:
+    return pb_grpc.ClassifierStub(server.channel())
+
+
+def classify(stub: pb_grpc.ClassifierStub, **fields: object) -> pb.ClassifyResponse:
+    return stub.Classify(pb.ClassifyRequest(all_scores=True, **fields), timeout=30)
+
+
+def test_multi_label_scores_each_label_and_lists_those_over_the_threshold(
+    stub: pb_grpc.ClassifierStub,
+) -> None:
+    response = classify(stub, model="multi", texts=TEXTS)
+    expected = sigmoid(reference_logits(3, 1, TEXTS))
+    scores = np.asarray([list(r.scores) for r in response.results])
+    np.testing.assert_allclose(scores, expected, atol=1e-5)
+    assert not np.allclose(scores.sum(axis=1), 1.0)  # not softmax
+    for result, row in zip(response.results, expected, strict=True):
+        assert list(result.labels_over_threshold) == [
+            label for label, score in zip(MULTI, row, strict=True) if score >= 0.4
+        ]
+        assert result.label == MULTI[int(row.argmax())]
+    assert any(r.labels_over_threshold for r in response.results)
+    strict = classify(stub, model="multi", texts=TEXTS, threshold=0.95)
+    assert [list(r.labels_over_threshold) for r in strict.results] == [
+        [label for label, score in zip(MULTI, row, strict=True) if score >= 0.95]
+        for row in expected
+    ]
+    assert strict.results[3].truncated and strict.results[3].num_tokens == MAX_LENGTH
+
+
+def test_regression_answers_the_raw_score(stub: pb_grpc.ClassifierStub) -> None:
+    response = classify(stub, model="regress", texts=TEXTS)
+    expected = reference_logits(1, 2, TEXTS)[:, 0]
+    np.testing.assert_allclose([r.score for r in response.results], expected, atol=1e-5)
+    assert {r.label for r in response.results} == {"stars"}
+    assert not response.results[0].labels_over_threshold
+
+
+def test_pairs_are_encoded_with_the_template_and_fed_their_type_ids(
+    server: RunningServer, stub: pb_grpc.ClassifierStub
+) -> None:
+    response = classify(stub, model="nli", texts=TEXTS, text_pairs=PAIRS)
+    expected = softmax(reference_logits(2, 3, TEXTS, PAIRS))
+    scores = np.asarray([list(r.scores) for r in response.results])
+    np.testing.assert_allclose(scores, expected, atol=1e-5)
+    # what the graph would give with type ids left at zero: far from the served scores
+    zero = softmax(reference_logits(2, 3, TEXTS, PAIRS, zero_types=True))
+    assert np.abs(zero - scores).max() > 0.05
+    single = classify(stub, model="nli", texts=TEXTS)
+    np.testing.assert_allclose(
+        [list(r.scores) for r in single.results], softmax(reference_logits(2, 3, TEXTS)), atol=1e-5
+    )
+    # the Open Inference Protocol: a second BYTES input, TEXT_PAIR, gives the same scores
+    request = oip.ModelInferRequest(model_name="nli")
+    for name, values in (("TEXT", TEXTS), ("TEXT_PAIR", PAIRS)):
+        tensor = request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
+        tensor.contents.bytes_contents.extend(v.encode() for v in values)
+    request.outputs.add(name="PROBABILITIES")
+    answer = oip_grpc.GRPCInferenceServiceStub(server.channel()).ModelInfer(request, timeout=30)
+    probabilities = np.asarray(answer.outputs[0].contents.fp32_contents).reshape(-1, 2)
+    np.testing.assert_allclose(probabilities, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"model": "nli", "texts": ["a", "b"], "text_pairs": ["c"]}, "1 text pairs for 2 texts"),
+        ({"model": "nli", "texts": ["a"], "text_pairs": [" "]}, "text_pairs[0] is empty"),
+        ({"model": "plain", "texts": ["a"], "text_pairs": ["b"]}, "takes no sentence pairs"),
+        ({"model": "multi", "texts": ["a"], "threshold": 1.5}, "threshold must be between 0 and 1"),
+        ({"model": "multi", "texts": ["a"], "threshold": 0.0}, "threshold must be between 0 and 1"),
+        ({"model": "nli", "texts": ["a"], "threshold": 0.5}, "'nli' is softmax"),
+        ({"model": "nli", "texts": ["good " * 30], "truncate": False}, "texts[0] is 32 tokens"),
+        (
+            {"model": "nli", "texts": ["a"], "text_pairs": ["good " * 30], "truncate": False},
+            "texts[0] with its text pair is 34 tokens",
+        ),
+    ],
+)
+def test_bad_requests_are_invalid_argument(
+    stub: pb_grpc.ClassifierStub, fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        classify(stub, **fields)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (caught.value.details() or ""), caught.value.details()
+
+
+def test_oip_pair_shape_mismatch_is_invalid_argument(server: RunningServer) -> None:
+    request = oip.ModelInferRequest(model_name="nli")
+    for name, values in (("TEXT", ["a", "b"]), ("TEXT_PAIR", ["c"])):
+        tensor = request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
+        tensor.contents.bytes_contents.extend(v.encode() for v in values)
+    with pytest.raises(grpc.RpcError) as caught:
+        oip_grpc.GRPCInferenceServiceStub(server.channel()).ModelInfer(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'TEXT_PAIR' has shape [1] but 'TEXT' has [2]" in (caught.value.details() or "")
+
+
+def test_get_model_and_models_show_source_activation_and_inputs(
+    server: RunningServer, stub: pb_grpc.ClassifierStub
+) -> None:
+    info = stub.GetModel(pb.GetModelRequest(name="multi"), timeout=30)
+    assert (info.source_kind, info.architecture, info.model_type) == (
+        "huggingface", "RobertaForSequenceClassification", "roberta"
+    )  # fmt: skip
+    assert (info.activation, info.threshold) == ("sigmoid", pytest.approx(0.4))
+    assert list(info.inputs) == ["input_ids", "attention_mask", "token_type_ids"]
+    assert not info.HasField("test_accuracy")
+    plain = stub.GetModel(pb.GetModelRequest(name="plain"), timeout=30)
+    assert (plain.source_kind, plain.activation, list(plain.inputs)) == (
+        "textserve", "softmax", ["input_ids", "attention_mask"]
+    )  # fmt: skip
+    listed = {v.name: v.to_dict() for v in list_versions(server.server.config.repository)}
+    assert listed["regress"]["activation"] == "none"
+    assert (
+        listed["multi"]["threshold"] == 0.4 and listed["multi"]["source"]["kind"] == "huggingface"
+    )
