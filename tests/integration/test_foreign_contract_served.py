@@ -4,8 +4,7 @@ foreign-style versions: a tokenizer with its own special tokens (<s> … </s>, <
 (sigmoid, labels over a threshold), regression (raw score), sentence pairs through Classify and
 OIP, and the bad requests each gets INVALID_ARGUMENT for. Scores are checked against numpy
 on the same graph weights; tokenization against transformers is tests/unit/textserve/
-test_tokenization_v2.py's, served scores against transformers' pipeline are
-tests/integration/test_foreign_models_served.py's."""
+test_tokenization_v2.py's."""
 
 from __future__ import annotations
 
