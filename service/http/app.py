@@ -41,8 +41,7 @@ _LOG_EVERY = 10.0  # seconds between log lines about refused requests
 class HttpLimits:
     """What one connection and one request may take of the server (config.HttpConfig)."""
 
-    max_body_bytes: int = 4 * 1024 * 1024
-    max_texts: int = 1024  # --max-texts-per-request
+    max_body_bytes: int = 4 * 1024 * 1024  # --max-message-bytes, as on gRPC
 
 
 class Request:
@@ -296,7 +295,7 @@ async def _read_body(receive: Any, limit: int) -> bytes:
 def _refusal(refused: Refused) -> Response:
     return Response(
         refused.status,
-        json_error(refused.status, str(refused), refused.code),
+        json_error(str(refused), refused.code),
         JSON,
         refused.headers,
     )

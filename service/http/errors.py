@@ -35,7 +35,7 @@ def http_status(exc: BaseException) -> int:
     return HTTP_STATUS.get(code_name(exc), 500)
 
 
-def json_error(status: int, message: str, code: str) -> bytes:
+def json_error(message: str, code: str) -> bytes:
     """The body of every error answer: `error` (what Triton's and KServe's clients read) and
     the gRPC `code` name the same failure has over gRPC."""
     return json.dumps({"error": message, "code": code}).encode()
@@ -45,4 +45,4 @@ def error_body(exc: BaseException, what: str) -> tuple[int, bytes]:
     """(status, JSON body) for `exc` raised while serving `what`; logs the unexpected."""
     log_unexpected(exc, what)
     status = http_status(exc)
-    return status, json_error(status, public_message(exc), code_name(exc))
+    return status, json_error(public_message(exc), code_name(exc))

@@ -98,7 +98,7 @@ async def http_front_end(ctx: ServingContext, *, reuse_port: bool) -> HttpFrontE
         metrics_page, readiness = _from_supervisor(http.upstream)
     app = HttpApp(
         ctx,
-        HttpLimits(max_body_bytes=config.max_message_bytes, max_texts=config.max_texts_per_request),
+        HttpLimits(max_body_bytes=config.max_message_bytes),
         tokens=tokens,
         inference=http.inference,
         metrics_page=metrics_page,
