@@ -13,7 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from textserve.cli import CliError, env_flag, env_switch
-from textserve.service.config import DEVICES, BatcherConfig, RuntimeConfig, ServerConfig
+from textserve.service.config import (
+    ARENA_STRATEGIES,
+    CONV_ALGO_SEARCHES,
+    DEVICES,
+    IO_BINDINGS,
+    BatcherConfig,
+    CudaConfig,
+    RuntimeConfig,
+    ServerConfig,
+    batcher_defaults,
+    parse_bytes,
+)
 from textserve.service.engine.cache_size import CacheSize, CacheSizeError
 from textserve.service.repository.policy import PolicyError, PolicySet, parse_policies
 
@@ -41,6 +52,54 @@ def _text(value: float | None) -> str:
     if value is None:
         return "off"
     return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _int_or_auto(value: str) -> int | None:
+    """A count, or auto (None): the device's default (config.batcher_defaults)."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {value!r}") from None
+
+
+def _bytes(value: str) -> int:
+    try:
+        return parse_bytes(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_cuda_arguments(parser: argparse.ArgumentParser) -> None:
+    """The CUDA execution provider's options (used only when a session runs on CUDA)."""
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
+    cuda, runtime = CudaConfig(), RuntimeConfig()
+    flag("cuda-device-id", _text(cuda.device_id), "CUDA: the GPU to run on", type=int)
+    flag(
+        "cuda-memory-limit",
+        _text(cuda.memory_limit),
+        "CUDA: bytes the provider's memory arena may hold per session, e.g. 8GiB; 0: no limit",
+        type=_bytes,
+    )
+    flag(
+        "cuda-arena-strategy",
+        cuda.arena_strategy,
+        "CUDA: how the memory arena grows (same-as-requested keeps workers sharing a GPU small)",
+        choices=ARENA_STRATEGIES,
+    )
+    flag(
+        "cudnn-conv-algo-search",
+        cuda.conv_algo_search,
+        "CUDA: cuDNN convolution algorithm search (default: none; the models have no convolutions)",
+        choices=CONV_ALGO_SEARCHES,
+    )
+    flag(
+        "io-binding",
+        runtime.io_binding,
+        "run through an onnxruntime IOBinding; auto: with CUDA, not on CPU",
+        choices=IO_BINDINGS,
+    )
 
 
 def _policies(value: str) -> PolicySet:
@@ -125,12 +184,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "open HTTP connections at most; past it new ones are closed at once",
         type=int,
     )
-    flag("max-batch-size", _text(batcher.max_batch_size), "texts per batch", type=int)
+    gpu = batcher_defaults(cuda=True)
+    flag(
+        "max-batch-size",
+        "auto",
+        f"texts per batch; auto: {batcher.max_batch_size} on CPU, {gpu.max_batch_size} with CUDA",
+        type=_int_or_auto,
+    )
     flag(
         "max-batch-tokens",
-        _text(batcher.max_batch_tokens),
-        "padded tokens per batch (texts x longest)",
-        type=int,
+        "auto",
+        f"padded tokens per batch (texts x longest); auto: {batcher.max_batch_tokens} on "
+        f"CPU, {gpu.max_batch_tokens} with CUDA",
+        type=_int_or_auto,
     )
     flag(
         "max-queue-delay-ms",
@@ -198,6 +264,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "batches run at once per model (1 on CPU)",
         type=int,
     )
+    _add_cuda_arguments(parser)
     flag(
         "grace-period",
         _text(server.grace_period),
@@ -263,6 +330,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _on_cuda(device: str) -> bool:
+    """Whether sessions will run on CUDA (for the device's batching defaults)."""
+    if device != "auto":
+        return device == "cuda"
+    from textserve.service.engine.runtime import CUDA, available_providers
+
+    return CUDA in available_providers(device)
+
+
 def _http_port(args: argparse.Namespace) -> tuple[int | None, str, bool]:
     """(port or None, host, inference routes on) from --http-port/--http-host and their
     deprecated aliases --metrics-port/--metrics-host, which win when given (as before)."""
@@ -285,6 +361,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
     from textserve.service.config import ConfigError, HttpConfig, SecurityConfig
 
     port, host, inference = _http_port(args)
+    unset = args.max_batch_size is None or args.max_batch_tokens is None
+    defaults = batcher_defaults(_on_cuda(args.device)) if unset else BatcherConfig()
     try:
         return ServerConfig(
             repository=Path(args.repository),
@@ -322,10 +400,21 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                 intra_op_threads=args.intra_op_threads,
                 inter_op_threads=args.inter_op_threads,
                 inference_threads=args.inference_threads,
+                cuda=CudaConfig(
+                    device_id=args.cuda_device_id,
+                    memory_limit=args.cuda_memory_limit,
+                    arena_strategy=args.cuda_arena_strategy,
+                    conv_algo_search=args.cudnn_conv_algo_search,
+                ),
+                io_binding=args.io_binding,
             ),
             batcher=BatcherConfig(
-                max_batch_size=args.max_batch_size,
-                max_batch_tokens=args.max_batch_tokens,
+                max_batch_size=defaults.max_batch_size
+                if args.max_batch_size is None
+                else args.max_batch_size,
+                max_batch_tokens=defaults.max_batch_tokens
+                if args.max_batch_tokens is None
+                else args.max_batch_tokens,
                 max_queue_delay=args.max_queue_delay_ms / 1000.0,
                 max_queue_size=args.max_queue_size,
                 max_padding_ratio=args.max_padding_ratio,

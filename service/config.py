@@ -18,6 +18,9 @@ from textserve.service.repository.policy import PolicySet
 __all__ = ["ConfigError"]  # and the dataclasses below
 
 DEVICES = ("auto", "cpu", "cuda")
+ARENA_STRATEGIES = ("same-as-requested", "next-power-of-two")
+CONV_ALGO_SEARCHES = ("default", "heuristic", "exhaustive")
+IO_BINDINGS = ("auto", "on", "off")
 
 
 def usable_cpus() -> int:
@@ -62,6 +65,88 @@ class BatcherConfig:
             )
 
 
+def batcher_defaults(cuda: bool) -> BatcherConfig:
+    """The batching defaults for a device (docs/engine.md, "GPU-sized batches"). On a GPU one
+    run's fixed cost (launches, copies, the Python around it) dwarfs a token's, so batches are
+    8x larger: 512 texts and 65536 padded tokens (512 x 128). At the H200 anchor of ~94 k
+    sequences/s (fp16, 128 tokens, batch 1024) a full batch of 512 x 128 runs in ~5.5 ms, so a
+    text waits at most about one such batch behind a full one, while the batch stays large
+    enough for most of the batch-1024 throughput. The queue holds 8 such batches."""
+    if not cuda:
+        return BatcherConfig()
+    return BatcherConfig(max_batch_size=512, max_batch_tokens=65536, max_queue_size=4096)
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    """The CUDA execution provider's options (onnxruntime's names in cuda_provider_options)."""
+
+    device_id: int = 0  # which GPU (CUDA_VISIBLE_DEVICES numbering)
+    memory_limit: int = 0  # bytes the provider's arena may hold (gpu_mem_limit); 0: no limit
+    # How the arena grows: by what a run asks (kSameAsRequested: workers sharing one GPU do not
+    # reserve up to twice what they use) or to the next power of two (onnxruntime's default).
+    arena_strategy: str = "same-as-requested"
+    # cuDNN convolution algorithm search: our transformer graphs have no convolutions, so the
+    # search (exhaustive is onnxruntime's default) would only cost time at the first runs.
+    conv_algo_search: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.device_id < 0:
+            raise ConfigError(f"--cuda-device-id must be 0 or more, got {self.device_id}")
+        if self.memory_limit < 0:
+            raise ConfigError(
+                f"--cuda-memory-limit must be 0 (no limit) or more bytes, got {self.memory_limit}"
+            )
+        if self.arena_strategy not in ARENA_STRATEGIES:
+            raise ConfigError(
+                f"--cuda-arena-strategy must be one of {', '.join(ARENA_STRATEGIES)}, "
+                f"got {self.arena_strategy!r}"
+            )
+        if self.conv_algo_search not in CONV_ALGO_SEARCHES:
+            raise ConfigError(
+                f"--cudnn-conv-algo-search must be one of {', '.join(CONV_ALGO_SEARCHES)}, "
+                f"got {self.conv_algo_search!r}"
+            )
+
+    def provider_options(self) -> dict[str, str]:
+        """onnxruntime's CUDAExecutionProvider options.
+
+        >>> CudaConfig(device_id=1, memory_limit=2**30).provider_options()["gpu_mem_limit"]
+        '1073741824'
+        """
+        options = {
+            "device_id": str(self.device_id),
+            "arena_extend_strategy": {
+                "same-as-requested": "kSameAsRequested",
+                "next-power-of-two": "kNextPowerOfTwo",
+            }[self.arena_strategy],
+            "cudnn_conv_algo_search": self.conv_algo_search.upper(),
+        }
+        if self.memory_limit:
+            options["gpu_mem_limit"] = str(self.memory_limit)
+        return options
+
+
+def parse_bytes(value: str) -> int:
+    """A size in bytes, with an optional binary or decimal unit: 8GiB, 512MiB, 2GB, 1048576.
+
+    >>> parse_bytes("8GiB"), parse_bytes("1.5 kB"), parse_bytes("0")
+    (8589934592, 1500, 0)
+    """
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+    text = value.strip().lower()
+    number = text.rstrip("kmgtib ")
+    unit = text[len(number) :].strip()
+    try:
+        size = float(number)
+    except ValueError:
+        size = -1.0
+    if unit not in units or not 0 <= size < float("inf"):
+        raise ValueError(f"expected a size such as 8GiB, 512MiB or a byte count, got {value!r}")
+    return int(size * units[unit])
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     device: str = "auto"  # auto: CUDA when onnxruntime offers it, else CPU; cpu; cuda (or fail)
@@ -69,10 +154,19 @@ class RuntimeConfig:
     inter_op_threads: int = 1  # operators run in parallel; 1 because our graphs are sequential
     inference_threads: int = 1  # batches run at the same time per model (one is right on CPU)
     warmup: bool = True  # run a few batches before reporting SERVING
+    cuda: CudaConfig = field(default_factory=CudaConfig)  # used when a session runs on CUDA
+    # Runs through an onnxruntime IOBinding (inputs as OrtValues, logits bound to host memory):
+    # auto: with CUDA (it saves the session's own copies of the feeds), off on CPU (no copy to
+    # save there: measured the same); on/off force it.
+    io_binding: str = "auto"
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.io_binding not in IO_BINDINGS:
+            raise ConfigError(
+                f"--io-binding must be one of {', '.join(IO_BINDINGS)}, got {self.io_binding!r}"
+            )
         if self.intra_op_threads < 0 or self.inter_op_threads < 0:
             raise ConfigError("--intra-op-threads and --inter-op-threads must be 0 (auto) or more")
         if self.inference_threads < 1:

@@ -4,7 +4,7 @@ Use::
 
     metrics = Metrics()                      # a fresh registry with process/platform/GC metrics
     metrics.init_model("default")            # every series of the model exists, at zero
-    metrics.set_model_info("default", "3", "CPUExecutionProvider")
+    metrics.set_model_info("default", "3", "CPUExecutionProvider", "fp32")
     metrics.observe_request("Classify", "default", "OK", 0.0042)
     model = metrics.for_model("default")     # the engine's series of one model (batcher observer)
     model.on_batch(size=8, padded_tokens=8 * 24, padding_ratio=0.21, seconds=0.003)
@@ -328,8 +328,9 @@ class Metrics:
         )
         self.model_info = Gauge(
             "textserve_model_info",
-            "1 for the version of each model being served, with its execution provider",
-            ["model", "version", "provider"],
+            "1 for the version of each model being served, with its execution provider and "
+            "precision (fp32, fp16, int8)",
+            ["model", "version", "provider", "precision"],
             registry=r,
             # --workers: 1 per version any live worker serves (a retired one is 0, dropped at
             # the scrape: server_registry), a dead worker's series go with it
@@ -372,7 +373,7 @@ class Metrics:
         self._add_cache_metrics(r)
         self._lock = threading.Lock()
         self._models: set[str] = set()
-        self._info: dict[str, tuple[str, str]] = {}
+        self._info: dict[str, tuple[str, str, str]] = {}
         # (method, model, code) -> the labelled children observe_request updates: labels() costs
         # more than an observation, and this runs once per request. Emptied whenever the set
         # of models changes.
@@ -406,23 +407,25 @@ class Metrics:
         for reason in LOAD_FAILURE_REASONS:
             self.model_load_failures.labels(model, reason)
 
-    def set_model_info(self, model: str, version: str | int, provider: str) -> None:
+    def set_model_info(
+        self, model: str, version: str | int, provider: str, precision: str = "fp32"
+    ) -> None:
         """Mark ``version`` of ``model`` as served; drops the previous version's series."""
         version = str(version)
         with self._lock:
             previous = self._info.get(model)
-            self._info[model] = (version, provider)
-        if previous is not None and previous != (version, provider):
+            self._info[model] = (version, provider, precision)
+        if previous is not None and previous != (version, provider, precision):
             self._drop_info(model, *previous)
-        self.model_info.labels(model, version, provider).set(1)
+        self.model_info.labels(model, version, provider, precision).set(1)
 
-    def _drop_info(self, model: str, version: str, provider: str) -> None:
+    def _drop_info(self, model: str, version: str, provider: str, precision: str) -> None:
         if multiprocess():
             # prometheus-client cannot remove a series from its files: 0 means "not served",
             # and the supervisor's /metrics leaves such samples out (server_registry)
-            self.model_info.labels(model, version, provider).set(0)
+            self.model_info.labels(model, version, provider, precision).set(0)
         else:
-            self.model_info.remove(model, version, provider)
+            self.model_info.remove(model, version, provider, precision)
 
     def clear_model_info(self, model: str) -> None:
         """No version of ``model`` is served any more: drop its textserve_model_info series."""

@@ -93,7 +93,16 @@ class ModelHandle:
         self.labels: tuple[str, ...] = tuple(manifest.labels)
         self.max_length = manifest.max_length
         self.provider = session.provider
+        self.precision = manifest.precision  # fp32, fp16, int8: the graph's (the logits: float32)
         self.max_texts_per_request = max_texts_per_request
+        # The startup log line that says where each version runs (GetModel and
+        # textserve_model_info say it too).
+        logger.info(
+            "model %s version %d runs on %s, %s weights, I/O binding %s%s",
+            self.name, self.version, self.provider, self.precision,
+            "on" if session.io_binding else "off",
+            "".join(f", {k}={v}" for k, v in session.provider_options.items()),
+        )  # fmt: skip
         observer = None if metrics is None else metrics.for_model(self.name)
         # The batch function. THE tokenization (textserve.tokenization), as the manifest says:
         # a format 1 version whose tokenizer has no [UNK] is refused here.

@@ -1,9 +1,12 @@
-"""onnxruntime sessions: execution-provider choice, threads, warm-up. The only module importing it.
+"""onnxruntime sessions: execution-provider choice and options, threads, I/O binding, warm-up.
+The only serving module importing onnxruntime (session options: textserve/onnx_contract.py).
 
 `--device auto` takes the CUDA execution provider when onnxruntime offers it and the CPU one
 otherwise; `--device cuda` without CUDA is a startup error, never a silent fallback. After the
 session exists we check which providers it really got, because onnxruntime itself falls back to
-CPU (with a log line) when the CUDA libraries fail to load.
+CPU (with a log line) when the CUDA libraries fail to load. The CUDA provider gets its options
+from RuntimeConfig.cuda (device id, arena limit and growth, cuDNN search); runs go through an
+IOBinding where RuntimeConfig.io_binding says so (with CUDA by default).
 """
 
 from __future__ import annotations
@@ -139,12 +142,15 @@ class Session:
         model_path = source or (Path("<model.onnx bytes>") if isinstance(model, bytes) else model)
         ort = _onnxruntime(preload_cuda=config.device != "cpu")
         requested = select_providers(config.device, ort.get_available_providers())
+        # Only the CUDA provider has options of ours; the CPU provider's stay onnxruntime's.
+        self.provider_options = config.cuda.provider_options() if CUDA in requested else {}
         try:
             self._session = inference_session(
                 model if isinstance(model, bytes) else str(model),
                 requested,
                 intra_op_threads=config.resolved_intra_op_threads(),
                 inter_op_threads=config.inter_op_threads or 1,
+                provider_options={CUDA: self.provider_options} if self.provider_options else None,
             )
         except Exception as exc:
             raise RuntimeLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
@@ -153,6 +159,12 @@ class Session:
         check_contract(model_path, self._session, inputs)
         self._outputs = [OUTPUT_NAME]
         self.takes_token_type_ids = TOKEN_TYPE_IDS in inputs
+        self._ort = ort
+        self.io_binding = config.io_binding == "on" or (
+            config.io_binding == "auto" and self.provider == CUDA
+        )
+        if self.provider != CUDA:
+            self.provider_options = {}
 
     def close(self) -> None:
         """Release the onnxruntime session (weights, memory arena) now rather than whenever the
@@ -173,7 +185,22 @@ class Session:
             feeds[TOKEN_TYPE_IDS] = (
                 np.zeros_like(input_ids) if token_type_ids is None else token_type_ids
             )
+        if self.io_binding:
+            return self._run_bound(feeds)
         (logits,) = self._session.run(self._outputs, feeds)
+        return np.asarray(logits, dtype=np.float32)
+
+    def _run_bound(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """One run through an IOBinding: each feed as a host OrtValue over the array's own
+        memory (no copy on our side), the logits bound to host memory, so that with CUDA the
+        provider copies each input to the device once and writes the logits straight back."""
+        binding = self._session.io_binding()
+        for name, array in feeds.items():
+            value = self._ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(OUTPUT_NAME, "cpu")
+        self._session.run_with_iobinding(binding)
+        (logits,) = binding.copy_outputs_to_cpu()
         return np.asarray(logits, dtype=np.float32)
 
     def warmup(self, max_length: int, max_batch_size: int, token_id: int = 1) -> np.ndarray:

@@ -425,7 +425,10 @@ class ModelRepository:
             return
         ready = record.ready()
         if ready and ready[0].handle is not None:
-            self.metrics.set_model_info(record.name, ready[0].version, ready[0].handle.provider)
+            handle = ready[0].handle
+            self.metrics.set_model_info(
+                record.name, handle.version, handle.provider, handle.precision
+            )
         else:
             self.metrics.clear_model_info(record.name)
 

@@ -184,7 +184,7 @@ def test_versions_published_under_load_lose_no_request(
     value = srv.metrics.registry.get_sample_value
     failures = {"model": "tiny", "reason": "checksum_mismatch"}
     assert value("textserve_model_load_failures_total", failures) == 1
-    served = {"model": "tiny", "provider": info.execution_provider}
+    served = {"model": "tiny", "provider": info.execution_provider, "precision": info.precision}
     assert value("textserve_model_info", {**served, "version": "5"}) == 1
     assert value("textserve_model_info", {**served, "version": "4"}) is None
 

@@ -169,6 +169,7 @@ def test_metrics_endpoint_counts_requests(tiny_repository: Path) -> None:
         'reason="invalid_argument"} 1.0'
     ) in text
     labels = {"model": model, "version": version, "provider": "CPUExecutionProvider"}
+    labels["precision"] = "fp32"
     assert srv.metrics.registry.get_sample_value("textserve_model_info", labels) == 1
     assert "textserve_model_info{" in text
 

@@ -87,7 +87,7 @@ def test_the_panels_the_issue_asks_for(dashboard: dict[str, Any]) -> None:
     assert "textserve_batch_padding_ratio" in everything
     assert "textserve_queue_depth" in everything
     assert "sum by (reason) (rate(textserve_request_failures_total" in everything
-    assert "max by (model, version, provider) (textserve_model_info" in everything
+    assert "max by (model, version, provider, precision) (textserve_model_info" in everything
 
 
 def test_queries_filter_on_the_model_variable(dashboard: dict[str, Any]) -> None:

@@ -51,9 +51,9 @@ def test_every_flag_of_every_command_is_on_the_page() -> None:
 def test_defaults_come_from_the_code_not_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
     generator = _generator()
     clean = generator.render()
-    monkeypatch.setenv("TEXTSERVE_MAX_BATCH_SIZE", "7")
+    monkeypatch.setenv("TEXTSERVE_MAX_QUEUE_SIZE", "7")
     assert generator.render() == clean
-    assert "| `--max-batch-size` | `TEXTSERVE_MAX_BATCH_SIZE` | `64` |" in clean
+    assert "| `--max-queue-size` | `TEXTSERVE_MAX_QUEUE_SIZE` | `4096` |" in clean
 
 
 def test_a_new_flag_changes_the_page(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -150,8 +150,18 @@ def test_queue_depth_and_load_failures(metrics: Metrics) -> None:
 def test_model_info_keeps_only_the_served_version(metrics: Metrics) -> None:
     metrics.set_model_info("default", 1, "CPUExecutionProvider")
     metrics.set_model_info("default", 2, "CPUExecutionProvider")
-    old = {"model": "default", "version": "1", "provider": "CPUExecutionProvider"}
-    new = {"model": "default", "version": "2", "provider": "CPUExecutionProvider"}
+    old = {
+        "model": "default",
+        "version": "1",
+        "provider": "CPUExecutionProvider",
+        "precision": "fp32",
+    }
+    new = {
+        "model": "default",
+        "version": "2",
+        "provider": "CPUExecutionProvider",
+        "precision": "fp32",
+    }
     assert value(metrics, "textserve_model_info", **old) is None
     assert value(metrics, "textserve_model_info", **new) == 1
 

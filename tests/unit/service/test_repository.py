@@ -64,7 +64,7 @@ def test_loads_the_newest_version_and_makes_the_only_model_default(tmp_path: Pat
             repository.get("m", 1)
 
     _, metrics = with_repository(tmp_path, body)
-    labels = {"model": "m", "version": "2", "provider": "CPUExecutionProvider"}
+    labels = {"model": "m", "version": "2", "provider": "CPUExecutionProvider", "precision": "fp32"}
     assert metrics.registry.get_sample_value("textserve_model_info", labels) == 1
 
 

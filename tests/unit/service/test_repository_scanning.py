@@ -207,7 +207,7 @@ def test_a_model_unloaded_by_hand_is_no_longer_reported_as_served(tmp_path: Path
     metrics = run(tmp_path, body)
 
     def served(model: str) -> float | None:
-        labels = {"model": model, "version": "1", "provider": CPU}
+        labels = {"model": model, "version": "1", "provider": CPU, "precision": "fp32"}
         return metrics.registry.get_sample_value("textserve_model_info", labels)
 
     assert served("a") is None and served("b") == 1

@@ -139,7 +139,7 @@ def test_multiprocess_metrics_sum_counters_and_queue_depth_and_drop_retired_vers
     get = registry.get_sample_value
     assert get("textserve_requests_total", {"method": "Classify", "model": "m"}) == 2
     assert get("textserve_queue_depth", {"model": "m"}) == 6
-    info = {"model": "m", "provider": "CPUExecutionProvider"}
+    info = {"model": "m", "provider": "CPUExecutionProvider", "precision": "fp32"}
     assert get("textserve_model_info", {**info, "version": "2"}) == 1
     assert get("textserve_model_info", {**info, "version": "1"}) is None
     assert get("process_cpu_seconds_total") > 0
