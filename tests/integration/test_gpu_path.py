@@ -1,0 +1,117 @@
+"""The GPU path, checked on CPU: an fp16 version served (float32 logits, its accuracy against the
+fp32 version's on the CPU provider), GetModel and textserve_model_info saying where and in what
+precision each version runs, and the prepared GPU check (bench/gpu_check.py) run dry end to end.
+The same fp16 version on CUDA is the GPU-marked test, skipped where there is no CUDA provider."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.serving import running_server
+from textserve.bench import gpu_check
+from textserve.export.onnx_export import export_run
+from textserve.service.config import RuntimeConfig
+from textserve.service.engine.runtime import CUDA, available_providers
+from textserve.service.metrics import Metrics
+from textserve.v1 import classifier_pb2 as pb
+from textserve.v1 import classifier_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def two_precisions(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository with the tiny run as `full` (fp32) and `half` (fp16)."""
+    repository = tmp_path_factory.mktemp("precisions")
+    export_run(tiny_run, repository, "full", threads=1)
+    export_run(tiny_run, repository, "half", fp16=True, threads=1)
+    return repository
+
+
+def texts(tiny_run: Path) -> list[str]:
+    lines = (tiny_run / "test.jsonl").read_text().splitlines()
+    return [json.loads(line)["text"] for line in lines if line.strip()]
+
+
+def scores(
+    stub: pb_grpc.ClassifierStub, model: str, batch: list[str]
+) -> tuple[np.ndarray, list[int]]:
+    response = stub.Classify(pb.ClassifyRequest(texts=batch, model=model, all_scores=True))
+    probabilities = np.array([list(r.scores) for r in response.results])
+    labels = [int(np.argmax(row)) for row in probabilities]
+    return probabilities, labels
+
+
+def served_on(device: str, two_precisions: Path, tiny_run: Path) -> None:
+    metrics = Metrics(CollectorRegistry())
+    with (
+        running_server(
+            two_precisions,
+            metrics=metrics,
+            model="full",
+            runtime=RuntimeConfig(device=device, intra_op_threads=1),
+        ) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.ClassifierStub(channel)
+        provider = "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider"
+        for name, precision in (("full", "fp32"), ("half", "fp16")):
+            info = stub.GetModel(pb.GetModelRequest(name=name))
+            assert (info.execution_provider, info.precision) == (provider, precision)
+            labels = {"model": name, "version": "1", "provider": provider}
+            value = metrics.registry.get_sample_value
+            assert value("textserve_model_info", {**labels, "precision": precision}) == 1
+        batch = texts(tiny_run)[:200]
+        full, full_labels = scores(stub, "full", batch)
+        half, half_labels = scores(stub, "half", batch)
+    assert np.isfinite(half).all()
+    np.testing.assert_allclose(half.sum(axis=1), 1.0, atol=1e-5)
+    # fp16 weights and arithmetic: probabilities within 1e-2, labels the same but for ties
+    assert float(np.abs(half - full).max()) < 1e-2
+    agreement = np.mean(np.array(half_labels) == np.array(full_labels))
+    assert agreement >= 0.99, agreement
+
+
+def test_an_fp16_version_is_served_with_float32_scores_close_to_fp32(
+    two_precisions: Path, tiny_run: Path
+) -> None:
+    served_on("cpu", two_precisions, tiny_run)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    CUDA not in available_providers(), reason="onnxruntime offers no CUDA execution provider"
+)
+def test_an_fp16_version_on_cuda(two_precisions: Path, tiny_run: Path) -> None:
+    served_on("cuda", two_precisions, tiny_run)
+
+
+def test_the_gpu_check_runs_dry_on_cpu(tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "check"
+    assert gpu_check.main(["--dry-run", "--run", str(tiny_run), "--output", str(out)]) == 0
+    results = json.loads((out / "gpu_check.json").read_text())
+    assert set(results["steps"]) == {"export_fp32", "bench_fp32", "export_fp16", "bench_fp16"}
+    assert all(step["status"] == 0 for step in results["steps"].values())
+    assert {p: m["test_accuracy"] > 0.9 for p, m in results["models"].items()} == {
+        "fp32": True,
+        "fp16": True,
+    }
+    rows = results["rows"]
+    for precision in ("fp32", "fp16"):
+        mine = [row for row in rows if row["precision"] == precision]
+        assert {(r["callers"], r["texts_per_request"]) for r in mine} >= {(1, 1), (4, 1), (2, 8)}
+        assert all(r["texts_per_s"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in mine)
+        assert all(r["of_ceiling"] is not None and r["of_ceiling"] > 0 for r in mine)
+
+
+def test_the_gpu_check_refuses_to_run_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    if CUDA in available_providers():
+        pytest.skip("this onnxruntime has CUDA: the check would run")
+    assert gpu_check.main(["--output", "unused"]) == 2
+    assert "offers no CUDA execution provider" in capsys.readouterr().err
