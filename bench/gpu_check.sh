@@ -2,8 +2,8 @@
 # The prepared GPU check (bench/gpu_check.py): run from the repository root on a machine with an
 # NVIDIA GPU; one JSON (bench/results/gpu_check/gpu_check.json) and one table, in under 8 minutes.
 #
-# onnxruntime-gpu as the README says: staged beforehand on a machine with a package index by
-# ../shared/gpu/stage-onnxruntime-gpu.sh into .gpu/p1 ... .gpu/p5 (git-ignored); here its parts are
+# onnxruntime-gpu as the README says: staged beforehand on a machine with a package index by the
+# staging script (stage-onnxruntime-gpu.sh, outside the repository) into .gpu/p1 ... .gpu/p5 (git-ignored); here its parts are
 # gathered in /tmp/parts and .gpu/p5/install.sh installs the wheel ahead of the CPU build.
 #   bench/gpu_check.sh             the GPU run
 #   bench/gpu_check.sh --dry-run   every step but the CUDA ones, on CPU (no staging)
