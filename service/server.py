@@ -150,11 +150,14 @@ class Server:
     async def _close(self, grace: float) -> None:
         # grpc refuses new calls at once and cancels those still running when grace is over;
         # HTTP answers new inference requests 503 while its in-flight ones finish
-        closing = [self.grpc_server.stop(grace)]
-        if self.http is not None:
-            closing.append(self.http.server.stop(grace))
-        await asyncio.gather(*closing)
+        http = None if self.http is None else self.http.server
+        draining = [self.grpc_server.stop(grace)]
+        if http is not None:
+            draining.append(http.drain(grace))
+        await asyncio.gather(*draining)
         await self.repository.close(timeout=0)
+        if http is not None:  # the probes answer (draining) until everything above is done
+            await http.close()
         tracing = self.ctx.telemetry.tracing
         if tracing is not None:  # the last spans, within SHUTDOWN_TIMEOUT
             await asyncio.to_thread(tracing.shutdown)

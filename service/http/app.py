@@ -150,6 +150,8 @@ class HttpApp:
 
     async def idle(self, timeout: float) -> bool:
         """Wait until no inference request is being answered (True) or `timeout` passed."""
+        if self._idle.is_set():
+            return True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:

@@ -3,7 +3,8 @@ one grpc.aio runs on), bounded against slow and hostile clients.
 
     http = HttpServer(app, HttpConfig(), "0.0.0.0", 8000, security)
     port = await http.start()        # binds (SO_REUSEPORT with --workers), serves
-    await http.stop(grace=30)        # stop accepting, let in-flight answers go out, close
+    await http.drain(grace=30)       # new inference requests 503, in-flight ones finish
+    await http.close()               # then stop accepting and close the connections
 
 Why uvicorn + httptools with a bare ASGI app: measured on the real routes beside a grpc.aio
 server in the same loop (docs/http.md, "Choosing the server"), it took the least server CPU
@@ -229,14 +230,9 @@ class HttpServer:
         """End a stop()'s wait for in-flight requests now (they are cancelled)."""
         self._hurry.set()
 
-    async def stop(self, grace: float) -> None:
-        """Drain: the app refuses new inference requests (503) while those in flight finish
-        within `grace` seconds; then stop accepting, close the connections and cancel what is
-        left. Idempotent."""
-        server, self._server = self._server, None
-        if server is None:
-            self._sock.close()
-            return
+    async def drain(self, grace: float) -> None:
+        """The app refuses new inference requests (503) while those in flight finish within
+        `grace` seconds (or until hurry()); the probes and /metrics keep answering."""
         self.app.draining = True
         idle = asyncio.create_task(self.app.idle(grace))
         hurry = asyncio.create_task(self._hurry.wait())
@@ -248,8 +244,21 @@ class HttpServer:
                 "HTTP: %d request(s) still in flight after the grace period: cancelled",
                 self.app.inflight,
             )
+
+    async def close(self) -> None:
+        """Stop accepting, close the connections and cancel what is left. Idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            self._sock.close()
+            return
         server.should_exit = True
         server.config.timeout_graceful_shutdown = 1  # only closing what is idle is left
         if self._ticks is not None:
             await self._ticks
         await server.shutdown(sockets=[self._sock])
+
+    async def stop(self, grace: float) -> None:
+        """drain(grace), then close()."""
+        if self._server is not None:
+            await self.drain(grace)
+        await self.close()
