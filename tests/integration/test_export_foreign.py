@@ -140,7 +140,8 @@ def test_the_manifest_says_what_the_graph_is(
     assert "id2label" not in config
     assert manifest.labels == ["LABEL_0", "LABEL_1"]
     assert manifest.activation == "softmax" and manifest.threshold is None
-    assert manifest.max_length == foreign.MAX_LENGTH  # RoBERTa-family: 64 + pad 1 + 1 - 2
+    # RoBERTa-family positions are 64 + pad 1 + 1 here; the offset rule alone is unit-tested
+    assert manifest.max_length == foreign.MAX_LENGTH
     assert manifest.test_accuracy is None
     assert manifest.truncation_side == "right"
     pad = {"roberta": 1, "xlm-roberta": 1}.get(arch, 0)
