@@ -80,6 +80,8 @@ bench: venv
 	  --output bench/results/workers --workers $(BENCH_WORKERS) --concurrency 64,128
 	$(PY) -m textserve.export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \
 	  --json bench/results/export_bench.json
+	$(PY) -m textserve.bench.cache --repository $(REPOSITORY) --model $(MODEL) --texts runs/$(MODEL) \
+	  --concurrency 128 --duration 15 --rounds 5 --cache-size 64MiB --output bench/results/cache.json
 	$(PY) -m textserve.export.bench_foreign --json bench/results/export_bench_bert.json
 
 ## mutate: mutation testing (mutmut) of the core modules, one group at a time against the unit

@@ -4,8 +4,9 @@ Repeated texts as classification traffic has them: each request's text is drawn 
 split by a Zipf law (rank k with probability ∝ k^-s, s = 1.1 by default, the ranks a random
 order of the split's texts), so a few texts come back often and most rarely. The same
 request sequence goes to two `textserve serve` servers in turn, one without a cache and one
-with `--cache-size`, each driven by the same closed loop (N callers); the report gives both
-throughputs and p99 side by side, and the hit rate the server counted in the measured window
+with `--cache-size`, each driven by the same closed loop (N callers), in interleaved rounds
+(`--rounds`, default 3); the report gives both throughputs and p99 side by side (the medians,
+and each round's), and the hit rate the server counted in the measured window
 (textserve_cache_requests_total).
 
     python -m textserve.bench.cache --repository models --model default --texts runs/default
@@ -97,11 +98,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = args.model or ""
     payloads = [_v1_request([t], model) for t in drawn]
     pool = RequestPool("v1", METHODS["v1"], 1, payloads)
-    steps = {
-        "off": measure(args, pool, []),
-        "on": measure(args, pool, ["--cache-size", args.cache_size]),
-    }
-    off, on = steps["off"], steps["on"]
+    # Rounds of off then on, interleaved: on a shared machine the load changes by the minute,
+    # and a ratio of medians over rounds says more than one pair of steps.
+    rounds = []
+    for _ in range(args.rounds):
+        rounds.append(
+            {
+                "off": measure(args, pool, []),
+                "on": measure(args, pool, ["--cache-size", args.cache_size]),
+            }
+        )
+    off, on = _median(rounds, "off"), _median(rounds, "on")
     version = find_version(args.repository, args.model) if args.model else None
     return {
         "workload": {
@@ -119,6 +126,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "on": on,
         "speedup": on["throughput_texts_per_s"] / off["throughput_texts_per_s"],
         "p99_ratio": on["latency_ms"]["p99"] / off["latency_ms"]["p99"],
+        "rounds": rounds,
+        "round_speedups": [
+            r["on"]["throughput_texts_per_s"] / r["off"]["throughput_texts_per_s"] for r in rounds
+        ],
+        "round_p99_ratios": [
+            r["on"]["latency_ms"]["p99"] / r["off"]["latency_ms"]["p99"] for r in rounds
+        ],
+    }
+
+
+def _median(rounds: list[dict[str, Any]], arm: str) -> dict[str, Any]:
+    """The median of the rounds' throughput, latency percentiles and hit rate for `arm`."""
+    steps = [r[arm] for r in rounds]
+    rates = [s["cache_hit_rate"] for s in steps if s["cache_hit_rate"] is not None]
+    return {
+        "throughput_texts_per_s": float(np.median([s["throughput_texts_per_s"] for s in steps])),
+        "latency_ms": {
+            q: float(np.median([s["latency_ms"][q] for s in steps])) for q in ("p50", "p99")
+        },
+        "cache_hit_rate": float(np.median(rates)) if rates else None,
+        "errors": sum(sum(s["errors"].values()) for s in steps),
     }
 
 
@@ -147,6 +175,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--cache-size", default="64MiB")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of off then on; the report gives the medians")  # fmt: skip
     parser.add_argument("--server-arg", action="append", default=[],
                         help="one more flag for both servers (repeat)")  # fmt: skip
     parser.add_argument("--output", type=Path, default=None, help="write the JSON report here")
@@ -156,10 +186,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
-    print(line("off", report["off"]))
-    print(line("on", report["on"]))
+    for number, pair in enumerate(report["rounds"], 1):
+        print(f"round {number}: {line('off', pair['off'])}")
+        print(f"round {number}: {line('on', pair['on'])}")
+    print(f"median:  {line('off', report['off'])}")
+    print(f"median:  {line('on', report['on'])}")
+    speedups = ", ".join(f"{x:.2f}" for x in report["round_speedups"])
     print(
-        f"cache on / off: {report['speedup']:.2f}x the throughput, "
+        f"cache on / off: {report['speedup']:.2f}x the throughput (rounds: {speedups}), "
         f"{report['p99_ratio']:.2f}x the p99 ({report['workload']['distinct_in_requests']} "
         f"distinct texts in {args.requests} requests, Zipf s={args.zipf}, "
         f"{args.concurrency} callers)"

@@ -9,8 +9,10 @@ all_scores, the label picked) is applied to the row as for a miss.
 
 The key is (model, version, the text's token ids after truncation). No request option changes
 the row today: truncate only decides whether an over-long text is cut (its ids are then the
-cut ones) or refused (never cached); the activation and its threshold are the version's, so the
-epoch covers them. An option that did change the row would have to join the key.
+cut ones) or refused (never cached); the activation is the version's, so the epoch covers it;
+a request's threshold, top_k and all_scores are applied to the row afterwards. Sentence pairs
+are not cached (the handle skips the cache for them). An option that did change the row would
+have to join the key.
 
 Two tables, one lock, one bound:
 - texts: (epoch, text) -> the entry of its ids, LRU. On the event loop, a request's texts are

@@ -355,6 +355,15 @@ class ModelHandle:
     ) -> ClassifyResult:
         """The answers from the cache and those of the batch that ran the misses, in order."""
         n = len(hits)
+        if not misses:  # all from the cache: the common case of a hit, built in one go
+            found = [hit for hit in hits if hit is not None]
+            return self._answer(
+                np.array([h.probabilities for h in found]),
+                np.array([h.num_tokens for h in found], np.int64),
+                np.array([h.full_tokens > h.num_tokens for h in found]) | _marks(n, cut),
+                np.ones(n, np.bool_),
+                Timings(0.0, 0.0, 0.0, time.perf_counter() - started),
+            )
         probabilities = np.empty((n, len(self.labels)), np.float32)
         num_tokens = np.zeros(n, np.int64)
         truncated = np.zeros(n, np.bool_)
@@ -374,20 +383,29 @@ class ModelHandle:
             cached[misses] = rows["cached"]
             queue, tokenize = batch.queue_seconds, float(rows["tokenize_seconds"].max())
             inference = max(0.0, batch.inference_seconds - tokenize)
-        if cut:
-            truncated[cut] = True  # cut by characters: the model did not see all of the text
+        return self._answer(
+            probabilities,
+            num_tokens,
+            truncated | _marks(n, cut),
+            cached,
+            Timings(queue, tokenize, inference, time.perf_counter() - started),
+        )
+
+    def _answer(
+        self,
+        probabilities: np.ndarray,
+        num_tokens: np.ndarray,
+        truncated: np.ndarray,
+        cached: np.ndarray,
+        timings: Timings,
+    ) -> ClassifyResult:
+        """A result with the cache's share counted (and predictions, as every answer)."""
         cache = self.cache  # (None if the model's cache was turned off meanwhile)
         if cache is not None:
-            hit_count = int(cached.sum())
-            cache.count(hit_count, n - hit_count)
+            hit_count = int(np.count_nonzero(cached))
+            cache.count(hit_count, len(cached) - hit_count)
         self._observe(probabilities)
-        return ClassifyResult(
-            probabilities=probabilities,
-            num_tokens=num_tokens,
-            truncated=truncated,
-            timings=Timings(queue, tokenize, inference, time.perf_counter() - started),
-            cached=cached,
-        )
+        return ClassifyResult(probabilities, num_tokens, truncated, timings, cached)
 
     def _observe(self, probabilities: np.ndarray) -> None:
         if self._predictions is not None:
@@ -448,3 +466,11 @@ class ModelHandle:
                 raise ValidationError(
                     f"text_pairs[{index}] is empty; every pair needs some content"
                 )
+
+
+def _marks(n: int, cut: list[int]) -> np.ndarray:
+    """True at the texts cut by characters: the model did not see all of them."""
+    marks = np.zeros(n, np.bool_)
+    if cut:
+        marks[cut] = True
+    return marks

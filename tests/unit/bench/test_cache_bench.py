@@ -29,3 +29,15 @@ def test_cache_counts_reads_hits_and_misses_of_every_model(monkeypatch: pytest.M
     page = generate_latest(metrics.registry).decode()
     monkeypatch.setattr(bench_cache, "fetch", lambda url: page)
     assert bench_cache.cache_counts("http://x/metrics") == (6.0, 2.0)
+
+
+def test_the_report_takes_the_median_of_the_rounds() -> None:
+    def step(texts_per_s: float, p99: float, rate: float | None) -> dict[str, object]:
+        latency = {"p50": p99 / 4, "p99": p99}
+        return {"throughput_texts_per_s": texts_per_s, "latency_ms": latency,
+                "cache_hit_rate": rate, "errors": {}}  # fmt: skip
+
+    rounds = [{"on": step(t, p, r)} for t, p, r in ((100, 9, 0.9), (300, 3, 0.8), (200, 5, 0.7))]
+    median = bench_cache._median(rounds, "on")
+    assert median["throughput_texts_per_s"] == 200 and median["latency_ms"]["p99"] == 5
+    assert median["cache_hit_rate"] == 0.8 and median["errors"] == 0
