@@ -356,3 +356,14 @@ def test_openapi_describes_every_route_and_is_valid(srv: RunningServer) -> None:
         document["paths"]
     )
     assert document["paths"]["/readyz"]["get"]["security"] == []  # the probes are open
+
+
+def test_http_port_off_keeps_only_the_probes_and_metrics(repository: Path) -> None:
+    from textserve.service.config import HttpConfig
+
+    with running_server(repository, metrics_port=0, http=HttpConfig(inference=False)) as srv:
+        assert requests.get(url(srv, "/readyz"), timeout=10).status_code == 200
+        assert requests.get(url(srv, "/metrics"), timeout=10).status_code == 200
+        for path in ("/v1/classify", f"/v2/models/{MODEL}/infer"):
+            response = requests.post(url(srv, path), json={"texts": ["x"]}, timeout=10)
+            assert response.status_code == 404 and "off" in response.json()["error"], path
