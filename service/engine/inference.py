@@ -284,14 +284,18 @@ class TextRunner:
         single = [row for row, p in enumerate(payloads) if p.pair is None]
         paired = [row for row, p in enumerate(payloads) if p.pair is not None]
         if single:
-            rows = self.tokenization.rows([payloads[row].text for row in single])
+            rows = self.tokenization.rows(
+                [payloads[row].text for row in single], type_ids=self.feeds_token_type_ids
+            )
             for row, one in zip(single, rows, strict=True):
                 encoded[row] = one
         if paired:
             try:
                 texts = [payloads[row].text for row in paired]
                 pairs = [payloads[row].pair or "" for row in paired]
-                results: Sequence[Row | TokenizationError] = self.tokenization.rows(texts, pairs)
+                results: Sequence[Row | TokenizationError] = self.tokenization.rows(
+                    texts, pairs, type_ids=self.feeds_token_type_ids
+                )
             except TokenizationError as exc:  # e.g. max_length shorter than a pair's template
                 results = [exc] * len(paired)
             for row, result in zip(paired, results, strict=True):
