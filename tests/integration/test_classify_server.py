@@ -17,7 +17,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.serving import RunningServer, running_server
-from textserve.artifact import Manifest
+from textserve.artifact import Manifest, newest_version
 from textserve.cli import main as cli_main
 from textserve.service.config import BatcherConfig, RuntimeConfig
 from textserve.service.engine.handle import ModelHandle
@@ -44,7 +44,9 @@ WORDS = [
 @pytest.fixture(scope="module")
 def version_dir(tiny_repository: Path) -> Path:
     (name,) = [p for p in tiny_repository.iterdir() if p.is_dir()]
-    return max((p for p in name.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    newest = newest_version(name)
+    assert newest is not None
+    return newest[1]
 
 
 @pytest.fixture(scope="module")

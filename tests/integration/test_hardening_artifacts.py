@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from textserve.artifact import iter_versions
 from textserve.cli import main as cli_main
 
 
@@ -19,7 +20,7 @@ def test_a_tampered_file_is_refused_at_startup(
 ) -> None:
     repository = tmp_path / "models"
     shutil.copytree(tiny_repository, repository)
-    (version,) = [p for p in repository.glob("*/*") if p.name.isdigit()]
+    (version,) = [path for model in repository.iterdir() for _, path in iter_versions(model)]
     path = version / victim
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01  # one bit: same size, same format, different file

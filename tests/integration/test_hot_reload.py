@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.serving import poll, running_server
-from textserve.artifact import MODEL_FILE, Manifest
+from textserve.artifact import MODEL_FILE, Manifest, newest_version
 from textserve.client import AdminClient
 from textserve.oip import grpc_service_pb2 as oip
 from textserve.oip import grpc_service_pb2_grpc as oip_grpc
@@ -88,7 +88,9 @@ class InfoSampler(threading.Thread):
 
 def drop_broken_version(model_dir: Path) -> int:
     """A version whose manifest is valid but whose model.onnx was corrupted after export."""
-    newest = max(int(p.name) for p in model_dir.iterdir() if p.name.isdigit())
+    found = newest_version(model_dir)  # textserve.artifact's rule, as the server's
+    assert found is not None
+    newest = found[0]
     broken = model_dir / str(newest + 1)
     staging = model_dir / f".tmp-broken-{newest + 1}"
     shutil.copytree(model_dir / str(newest), staging)
