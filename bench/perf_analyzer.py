@@ -447,6 +447,12 @@ def protocol_comparison(
             f"{one['throughput']:,.0f} texts/s = {other['throughput'] / one['throughput']:.2f}x; "
             f"p50 {other['p50_ms']:.2f} vs {one['p50_ms']:.2f} ms, "
             f"p99 {other['p99_ms']:.2f} vs {one['p99_ms']:.2f} ms"
+            + (
+                f", server CPU {other['server_cpu_us_per_text']:.0f} vs "
+                f"{one['server_cpu_us_per_text']:.0f} µs per text"
+                if "server_cpu_us_per_text" in one and "server_cpu_us_per_text" in other
+                else ""
+            )
         )
     return lines
 
@@ -522,6 +528,8 @@ def run_levels(
             protocol=protocol,
         )
         print("+", " ".join(command), flush=True)
+        metrics = getattr(args, "http_address", {}).get("http")  # --http: the server's /metrics
+        before = _server_cpu(metrics)
         try:
             done = subprocess.run(
                 command,
@@ -541,8 +549,31 @@ def run_levels(
         if done.returncode != 0:
             sys.stderr.write(done.stdout + done.stderr)
             return done.returncode
-        reports.append(parse_report(csv_path))
+        report = parse_report(csv_path)
+        after = _server_cpu(metrics)
+        if before is not None and after is not None and after[1] > before[1]:
+            # every request of the level, warm-up windows included, over all its server CPU
+            texts = (after[1] - before[1]) * args.batch_size
+            report["server_cpu_us_per_text"] = (after[0] - before[0]) / texts * 1e6
+        reports.append(report)
     return reports
+
+
+def _server_cpu(address: str | None) -> tuple[float, float] | None:
+    """(process CPU seconds, requests answered) from the server's /metrics; None without."""
+    if address is None:
+        return None
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    cpu = requests = 0.0
+    for line in text.splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            cpu = float(line.split()[1])
+        elif line.startswith("textserve_requests_total{"):
+            requests += float(line.rsplit(" ", 1)[1])
+    return cpu, requests
 
 
 def _rates(text: str) -> list[float | None]:
