@@ -62,7 +62,8 @@ def _type(schema: dict[str, Any], defs: dict[str, Any]) -> str:
         low, high = schema.get("exclusiveMinimum", "…"), schema.get("exclusiveMaximum", "…")
         limits.append(f"in ({low}, {high})")
     if "minLength" in schema or "maxLength" in schema:
-        limits.append(f"length {schema.get('minLength', 0)}–{schema.get('maxLength', '…')}")
+        low, high = schema.get("minLength", 0), schema.get("maxLength", "…")
+        limits.append(f"length {low}" if low == high else f"length {low}–{high}")
     if "pattern" in schema:
         limits.append(f"pattern `{schema['pattern']}`")
     if "maxProperties" in schema:
@@ -132,6 +133,32 @@ def dashboard_panels(_: str | None) -> str:
     visit(dashboard["panels"])
     flush()
     return "\n".join(out)
+
+
+# --- the import contracts ------------------------------------------------------------------
+
+
+def import_contracts(_: str | None) -> str:
+    """The layering import-linter checks in `make test`, from .importlinter itself."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter", encoding="utf-8")
+    rows = []
+    for section in config.sections():
+        if not section.startswith("importlinter:contract:"):
+            continue
+        contract = config[section]
+
+        def names(key: str, contract: Any = contract) -> str:
+            return ", ".join(f"`{n}`" for n in contract.get(key, "").split()) or "—"
+
+        if contract["type"] == "layers":
+            rule = "layers, top to bottom: " + names("layers")
+        else:
+            rule = f"{names('source_modules')} never import {names('forbidden_modules')}"
+        rows.append([contract["name"], rule])
+    return _table(["contract", "rule"], rows)
 
 
 # --- the metrics ------------------------------------------------------------------------------
@@ -249,6 +276,7 @@ def bench_export(_: str | None) -> str:
 
 PARTS: dict[str, Callable[[str | None], str]] = {
     "metrics": metrics,
+    "import-contracts": import_contracts,
     "manifest-schema": manifest_schema,
     "dashboard-panels": dashboard_panels,
     "bench-textserve": bench_textserve,
