@@ -9,11 +9,12 @@ matched once it says it serves), `retry` (rerun a command until its output match
 of the block when the test runs it, e.g. a tiny preset instead of the default training: the
 README's source shows it).
 
-Output is matched by shape, not by value: timestamps, decimals and numbers of 3 or more
-digits are any number; the default data set's labels (fresh, rotten) are either, and so are
-the training presets' names (the test trains the tiny one); KB/MB/GB any unit; runs of spaces
-any spacing; a line `...` is any number of lines. Everything else must be as the README prints
-it: words, small numbers (versions, counts of texts), the order of lines.
+Output is matched by shape, not by value: timestamps and numbers are any number, except
+version numbers (after `version`, `version="`, `"model_version":` or a `/`: models/reviews/2);
+labels are any label of the same model (fresh or rotten, negative or positive), and the
+training presets' names any preset (the test trains the tiny one); KB/MB/GB any unit; runs of
+spaces any spacing; a line `...` is any number of lines. Everything else must be as the README
+prints it: words, version numbers, the order of lines.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ MARKED = re.compile(
 )
 _PIECES = re.compile(
     r"(?P<timestamp>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:\d\d|Z)?)"
-    r"|(?P<number>\d[\d,]*\.\d+(?:e[-+]?\d+)?|\d+e[-+]?\d+|\d{1,3}(?:,\d{3})+|\d{3,})"
+    r"|(?P<number>\d[\d,]*\.\d+(?:e[-+]?\d+)?|\d+e[-+]?\d+|\d{1,3}(?:,\d{3})+|\d+)"
     r"|(?P<label>\b(?:fresh|rotten)\b)"
+    r"|(?P<sentiment>\b(?:negative|positive)\b)"
     r"|(?P<preset>\b(?:tiny|small|base)(?= preset\b))"
     r"|(?P<unit>\b[KMG]B\b)"
     r"|(?P<space>\s+)"
@@ -38,10 +40,16 @@ _REPLACEMENT = {
     "timestamp": r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:\d\d|Z)?",
     "number": _ANY_NUMBER,
     "label": r"(?:fresh|rotten)",
+    "sentiment": r"(?:negative|positive)",
     "preset": r"(?:tiny|small|base)",
     "unit": r"(?:[KMG]?B)",
     "space": r"\s+",
 }
+
+
+# What comes right before a version number: "version 2", version="2", "model_version":2, and
+# path segments such as models/reviews/2.
+_VERSION = re.compile(r"(?:version[\s=\"':]*|/)$")
 
 
 @dataclass
@@ -100,7 +108,11 @@ def line_pattern(expected: str) -> re.Pattern[str]:
     text = expected.strip()
     for match in _PIECES.finditer(text):
         out.append(re.escape(text[pos : match.start()]))
-        out.append(_REPLACEMENT[match.lastgroup or "space"])
+        kind = match.lastgroup or "space"
+        if kind == "number" and _VERSION.search(text[: match.start()]) and match.group().isdigit():
+            out.append(match.group())  # a version number: the point of a hot reload
+        else:
+            out.append(_REPLACEMENT[kind])
         pos = match.end()
     out.append(re.escape(text[pos:]))
     return re.compile("".join(out))

@@ -1,10 +1,12 @@
 """The README's quick tour, run as written on a tiny model: the front door cannot rot.
 
 Every block the README marks for the tour (tests/tour.py says how) runs in order in one fresh
-folder holding `reviews.csv`: a small labelled data set in the README's columns (review,
-sentiment) with its labels (fresh, rotten). Commands run in bash with the venv's `textserve`
+folder holding `reviews.csv`, a small labelled data set in the README's columns (review,
+sentiment) with its labels (fresh, rotten), and `my-distilbert/`, a tiny random-weight
+DistilBERT with labels negative and positive (tests/foreign.py builds it as `save_pretrained`
+writes it). Commands run in bash with the venv's `textserve`
 first on PATH. The server the tour starts listens on a free port (TEXTSERVE_LISTEN=127.0.0.1:0,
-TEXTSERVE_METRICS_PORT=0), so every `127.0.0.1:50051` and `127.0.0.1:8000` of the blocks
+TEXTSERVE_HTTP_PORT=0), so every `127.0.0.1:50051` and `127.0.0.1:8000` of the blocks
 after it is replaced by the address it logged, and client commands that name no server reach
 it through TEXTSERVE_SERVER (their default is 127.0.0.1:50051); nothing else of a command is
 changed except what a block's `append=` option names in the README itself.
@@ -50,7 +52,7 @@ class Tour:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "TEXTSERVE_WORKERS": "1",
             "TEXTSERVE_LISTEN": "127.0.0.1:0",
-            "TEXTSERVE_METRICS_PORT": "0",
+            "TEXTSERVE_HTTP_PORT": "0",
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }
         self.addresses: dict[str, str] = {}
@@ -136,10 +138,21 @@ class Tour:
                 server.wait()
 
 
+def _distilbert(folder: Path) -> None:
+    """The tour's Hugging Face model: a tiny random DistilBERT, as `save_pretrained` writes it."""
+    from tests.foreign import build
+
+    labels = {0: "negative", 1: "positive"}
+    build("distilbert", folder, num_labels=2, id2label=labels,
+          label2id={v: k for k, v in labels.items()})  # fmt: skip
+
+
 def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     blocks = parse(README.read_text(encoding="utf-8"))
     _reviews(tmp_path / "reviews.csv")
+    _distilbert(tmp_path / "my-distilbert")
     tour = Tour(tmp_path)
     try:
         for block in blocks:

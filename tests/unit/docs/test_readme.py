@@ -53,3 +53,11 @@ def test_shapes_allow_other_figures_but_not_other_words() -> None:
     assert not matches(shown, [*got[:-1], got[-1].replace("fp32", "int8")])
     assert not matches(shown[:1] + shown[2:], got)  # without `...` the epoch lines do not fit
     assert not matches(shown, got[:1])  # a line missing
+
+
+def test_version_numbers_stay_literal() -> None:
+    shown = ['{"model":"reviews","model_version":2,"results":[{"score":0.9566,"num_tokens":6}]}']
+    same_shape = '{"model":"reviews","model_version":2,"results":[{"score":0.51,"num_tokens":14}]}'
+    assert matches(shown, [same_shape])
+    assert not matches(shown, [same_shape.replace('"model_version":2', '"model_version":1')])
+    assert not matches(["(reviews version 2, 1 texts)"], ["(reviews version 1, 1 texts)"])
