@@ -156,6 +156,20 @@ def test_serving_json_sets_a_models_own_size_or_turns_it_off(tmp_path: Path) -> 
         assert sample(srv, "textserve_cache_requests_total", model="off", result="miss") == 0
         assert classify(stub, ["film"], model="on").results[0].cached
         assert not classify(stub, ["film"], model="off").results[0].cached
+        # Read again at every scan: a smaller size evicts at once, "off" drops the cache, a
+        # size again starts an empty one for the versions already serving.
+        (tmp_path / "on" / "serving.json").write_text(json.dumps({"cache_size": "1 entries"}))
+        srv.run(srv.server.repository.reconcile())
+        assert sample(srv, "textserve_cache_entries", model="on") == 1
+        (tmp_path / "on" / "serving.json").write_text(json.dumps({"cache_size": "off"}))
+        srv.run(srv.server.repository.reconcile())
+        assert sample(srv, "textserve_cache_entries", model="on") == 0
+        assert not classify(stub, ["film"], model="on").results[0].cached
+        assert not classify(stub, ["film"], model="on").results[0].cached
+        (tmp_path / "off" / "serving.json").unlink()  # the flag's size from now on
+        srv.run(srv.server.repository.reconcile())
+        classify(stub, ["film"], model="off")
+        assert classify(stub, ["film"], model="off").results[0].cached
 
 
 @pytest.mark.parametrize(
