@@ -63,6 +63,16 @@ protos: venv
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. \
 	  protos/textserve/v1/*.proto protos/textserve/oip/*.proto
 
+## soak: steady load (70 % of the measured peak) on `serve --workers 2` for SOAK_MINUTES (8) with a
+## hot reload every minute, a stream and a worker kill halfway; RSS/threads/fds once a second
+## -> bench/results/soak/soak.json + soak.png and the RSS slope per hour (not part of make test)
+SOAK_MINUTES ?= 8
+SOAK_ARGS ?=
+soak: venv
+	$(PY) -m textserve.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
+	$(PY) -m textserve.bench.soak --repository $(REPOSITORY) --model $(MODEL) \
+	  --minutes $(SOAK_MINUTES) --output bench/results/soak $(SOAK_ARGS)
+
 ## bench: the standard benchmark sweep against servers it starts on the default model (a few
 ## minutes); BENCH_ARGS adds `textserve bench` flags, e.g. BENCH_ARGS="--api oip"
 ## BENCH_WORKERS: the `--workers` counts perf_analyzer compares in `make bench` (a server each)

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from textserve.service.config import ServerConfig
+from textserve.service.drain import DrainGate
 from textserve.service.health import NOT_SERVING, SERVING, DrainingHealthServicer
 from textserve.service.http.serving import HttpFrontEnd, http_front_end
 from textserve.service.metrics import DRAINING, NO_MODEL, Metrics
@@ -60,6 +61,7 @@ class Server:
         health: DrainingHealthServicer,
         service_names: Sequence[str],
         coordinator: Coordinator | None = None,
+        gate: DrainGate | None = None,
     ) -> None:
         self.config = config
         self.grpc_server = grpc_server
@@ -73,6 +75,7 @@ class Server:
         self.metrics_port: int | None = None  # the HTTP port, bound (--http-port)
         self._reuse_port = False  # --workers: the HTTP port is shared too (SO_REUSEPORT)
         self._stopping = False
+        self.gate = gate or DrainGate()  # the drain's first step (service/drain.py)
         # --workers: the link to the supervisor, awaited before SERVING (it says when every
         # worker is warm) and told each readiness state (the supervisor's /readyz)
         self.coordinator = coordinator
@@ -142,9 +145,11 @@ class Server:
         started = time.monotonic()
         logger.info("draining (grace period %.1fs)", grace)
         self._set_readiness(DRAINING)
+        self.gate.close()  # from now on a new call is answered UNAVAILABLE, never CANCELLED
         await self.health.enter_graceful_shutdown()
         self.repository.flush()  # queued batches start now instead of waiting to fill
-        await self._close(grace)
+        await self.gate.quiet(started + grace)  # until the clients have stopped sending
+        await self._close(max(0.0, grace - (time.monotonic() - started)))
         logger.info("stopped after %.2fs", time.monotonic() - started)
 
     async def _close(self, grace: float) -> None:
@@ -189,9 +194,11 @@ def create_server(
         telemetry=telemetry(config, metrics),
         relay=coordinator.relay if coordinator is not None else None,
     )
+    gate = DrainGate()
     grpc_server = grpc.aio.server(
-        # authentication first: a refused call is neither parsed nor served
-        interceptors=[*auth_interceptors(config.security), DecodeGuard()],
+        # the drain's gate first: refusing costs nothing; then authentication: a refused
+        # call is neither parsed nor served
+        interceptors=[gate, *auth_interceptors(config.security), DecodeGuard()],
         options=[
             # A larger request gets RESOURCE_EXHAUSTED from grpc before it is read whole.
             ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -214,7 +221,7 @@ def create_server(
         raise OSError(f"cannot listen on {config.listen}: {exc}") from None
     if port == 0:
         raise OSError(f"cannot listen on {config.listen} (in use, or not an address of this host)")
-    server = Server(config, grpc_server, port, ctx, health, names, coordinator)
+    server = Server(config, grpc_server, port, ctx, health, names, coordinator, gate)
     server._reuse_port = reuse_port
     return server, port
 

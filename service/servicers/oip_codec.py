@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from textserve.artifact import shown
 from textserve.oip import grpc_service_pb2 as pb
 from textserve.service.errors import ValidationError
 
@@ -98,15 +99,32 @@ def pack_bytes(items: Sequence[bytes]) -> bytes:
     return b"".join(_LENGTH.pack(len(item)) + item for item in items)
 
 
+def _shape(shape: Sequence[int], limit: int = 8) -> str:
+    """A request's shape for a message: at most `limit` dimensions, the count said (a client
+    may send hundreds of thousands, and the message must stay small enough for grpc's
+    metadata)."""
+    if len(shape) <= limit:
+        return str(list(shape))
+    return f"[{', '.join(map(str, shape[:limit]))}, …] ({len(shape)} dimensions)"
+
+
+def _datatype(datatype: str) -> str:
+    """A datatype as sent, for a message: as is when short (FP32), else cut (shown)."""
+    if not datatype:
+        return "none"
+    return datatype if len(datatype) <= 64 and datatype.isprintable() else shown(datatype)
+
+
 def _element_count(tensor: pb.ModelInferRequest.InferInputTensor) -> int:
     shape = list(tensor.shape)
     if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
         raise ValidationError(
-            f"input tensor {tensor.name!r}: shape must be [n] or [n, 1], got {shape}"
+            f"input tensor {tensor.name!r}: shape must be [n] or [n, 1], got {_shape(shape)}"
         )
     if shape[0] < 1:
         raise ValidationError(
-            f"input tensor {tensor.name!r}: shape {shape} has no elements; send at least one text"
+            f"input tensor {tensor.name!r}: shape {_shape(shape)} has no elements; send at least "
+            "one text"
         )
     return math.prod(shape)
 
@@ -131,11 +149,12 @@ def _requested_outputs(request: pb.ModelInferRequest) -> tuple[str, ...]:
     for name in names:
         if name not in OUTPUT_NAMES:
             raise ValidationError(
-                f"unknown output tensor {name!r}; the model's outputs are {', '.join(OUTPUT_NAMES)}"
+                f"unknown output tensor {shown(name)}; the model's outputs are "
+                f"{', '.join(OUTPUT_NAMES)}"
             )
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
-        raise ValidationError(f"output tensor {duplicates[0]!r} is requested more than once")
+        raise ValidationError(f"output tensor {shown(duplicates[0])} is requested more than once")
     return tuple(names)
 
 
@@ -159,7 +178,7 @@ def decode_request(request: pb.ModelInferRequest) -> DecodedRequest:
     unexpected = [name for name in names if name not in INPUT_NAMES]
     if unexpected:
         raise ValidationError(
-            f"unexpected input tensor {unexpected[0]!r}; the model takes {INPUT_NAME!r} (and, "
+            f"unexpected input tensor {shown(unexpected[0])}; the model takes {INPUT_NAME!r} (and, "
             f"for sentence pairs, {PAIR_INPUT_NAME!r})"
         )
     if INPUT_NAME not in names:
@@ -185,8 +204,8 @@ def decode_request(request: pb.ModelInferRequest) -> DecodedRequest:
         pairs, pair_shape = decoded[PAIR_INPUT_NAME]
         if pair_shape != shape:
             raise ValidationError(
-                f"input tensor {PAIR_INPUT_NAME!r} has shape {pair_shape} but {INPUT_NAME!r} "
-                f"has {shape}: send one pair per text"
+                f"input tensor {PAIR_INPUT_NAME!r} has shape {_shape(pair_shape)} but "
+                f"{INPUT_NAME!r} has {_shape(shape)}: send one pair per text"
             )
     return DecodedRequest(
         texts=texts,
@@ -206,7 +225,7 @@ def _tensor_texts(
     name = tensor.name
     if tensor.datatype != "BYTES":
         raise ValidationError(
-            f"input tensor {name!r}: datatype must be BYTES, got {tensor.datatype or 'none'}"
+            f"input tensor {name!r}: datatype must be BYTES, got {_datatype(tensor.datatype)}"
         )
     count = _element_count(tensor)
     if raw is not None:
@@ -226,7 +245,7 @@ def _tensor_texts(
             ]
             hint = f"; BYTES data goes there, not in {', '.join(typed)}" if typed else ""
             raise ValidationError(
-                f"input tensor {name!r}: shape {list(tensor.shape)} needs {count} "
+                f"input tensor {name!r}: shape {_shape(tensor.shape)} needs {count} "
                 f"element(s) but contents.bytes_contents has {len(items)}{hint}"
             )
     return _decode_utf8(items, name), list(tensor.shape)

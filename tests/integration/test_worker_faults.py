@@ -28,6 +28,7 @@ from tests.integration.test_workers import (
     worker_pids,
 )
 from tests.serving import poll, serve_subprocess
+from textserve.bench.soak import Load as OpenLoad
 from textserve.v1 import classifier_pb2 as pb
 
 TIMEOUT = 2.0  # --worker-timeout of the test: short, so that the test is quick
@@ -40,12 +41,17 @@ def repository(tmp_path: Path) -> Path:
     return root
 
 
-def readyz(metrics_url: str) -> int:
+def readyz(metrics_url: str, timeout: float = 5.0) -> int:
+    """/readyz's status; 0 when there is no answer (the HTTP port is shared by the workers: a
+    probe whose connection lands on the stopped worker waits, as a kubelet's would, and fails)."""
     try:
-        with urllib.request.urlopen(metrics_url.replace("/metrics", "/readyz"), timeout=5) as r:
+        url = metrics_url.replace("/metrics", "/readyz")
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             return int(r.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
+    except (OSError, TimeoutError):
+        return 0
 
 
 class Load:
@@ -90,10 +96,11 @@ def test_a_stopped_worker_is_caught_by_the_heartbeat_and_replaced(repository: Pa
             on_victim = sum(c.worker == victim for c in connections)
             with Load(connections) as load:
                 poll(lambda: len(load.ok) == 2 and min(load.ok.values()) >= 5, "load")
-                assert readyz(url) == 200
+                poll(lambda: readyz(url) == 200, "/readyz 200")
                 os.kill(pid, signal.SIGSTOP)
                 stopped = time.monotonic()
-                poll(lambda: readyz(url) == 503, "/readyz 503", timeout=30, interval=0.02)
+                # a real 503 from the supervisor's readiness, not a probe that got no answer
+                poll(lambda: readyz(url, 0.5) == 503, "/readyz 503", timeout=30, interval=0.02)
                 noticed = time.monotonic() - stopped
                 replaced = poll(
                     lambda: pid not in (now := worker_pids(server.process.pid))
@@ -154,3 +161,22 @@ def test_a_sigkilled_supervisors_metrics_folder_is_removed_at_the_next_start(
         again.process.terminate()
         assert again.process.wait(timeout=60) == 0
     assert not list(temporary.glob("textserve-metrics-*"))  # a clean exit removes its own
+
+
+def test_sigterm_under_load_answers_ok_or_unavailable_never_cancelled(repository: Path) -> None:
+    """Raw grpc.aio callers (no retry policy) over four connections to two workers while the
+    supervisor forwards SIGTERM: a call that arrives once the drain began is answered
+    UNAVAILABLE by the drain's gate, never CANCELLED by grpc's shutdown."""
+    with serve_subprocess(repository, "--workers", "2", "--grace-period", "30") as server:
+        load = OpenLoad(server.address, rate=150, connections=4, stream=False).start()
+        try:
+            poll(lambda: load.codes["OK"] >= 100, "load")
+            server.process.send_signal(signal.SIGTERM)
+            poll(lambda: load.codes["UNAVAILABLE"] >= 50, "calls during the drain")
+        finally:
+            load.stop()
+        status = server.process.wait(timeout=60)
+    print(f"\nSIGTERM under load, 2 workers: {dict(load.codes)}")
+    assert status == 0
+    assert set(load.codes) == {"OK", "UNAVAILABLE"}, load.codes
+    assert "the server is draining" in load.messages[0]
