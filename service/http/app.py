@@ -55,7 +55,13 @@ class Request:
         self.path: str = scope["path"]
         self.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         client = scope.get("client")
-        self._peer = f"ipv4:{client[0]}:{client[1]}" if client else ""
+        # as grpc spells peers, so that access-log lines read the same for both transports
+        if not client:
+            self._peer = ""
+        elif ":" in client[0]:
+            self._peer = f"ipv6:[{client[0]}]:{client[1]}"
+        else:
+            self._peer = f"ipv4:{client[0]}:{client[1]}"
         self.params = params
         self.body = b""
         self.deadline: float | None = None
@@ -94,6 +100,10 @@ class Route:
     open: bool = False  # answered without a token (the probes)
     body: bool = False  # reads a request body (POST)
     inference: bool = False  # refused while draining; off with --http-port off
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was read whole."""
 
 
 class Refused(Exception):
@@ -252,6 +262,8 @@ class HttpApp:
             return await route.handler(self, request)
         except Refused as refused:
             return _refusal(refused)
+        except ClientGone:  # nobody reads the answer (uvicorn drops it): not an error
+            return Response(499, b"")
         except Exception as exc:  # the one place unexpected errors become 500
             status, body = error_body(exc, f"HTTP {request.method} {route.handler.__name__}")
             return Response(status, body)
@@ -284,7 +296,7 @@ async def _read_body(receive: Any, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError("the client went away before its body was read")
+            raise ClientGone("the client went away before its body was read")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from textserve.connect import read_tokens
-from textserve.service.http.app import HttpApp, HttpLimits, Response
+from textserve.service.http.app import TEXT, HttpApp, HttpLimits, Response
 from textserve.service.http.server import Bounds, HttpServer
 from textserve.service.servicers.interceptors import TokenSet
 
@@ -71,7 +71,8 @@ def _from_supervisor(
         try:
             status, content_type, body = await _upstream(address, "/metrics", accept)
         except (OSError, ValueError, IndexError, TimeoutError) as exc:
-            return Response(503, f"the supervisor's metrics are unavailable: {exc}\n".encode())
+            message = f"the supervisor's metrics are unavailable: {exc}\n"
+            return Response(503, message.encode(), TEXT)
         return Response(status, body, content_type)
 
     async def readiness() -> str:

@@ -7,6 +7,7 @@ deadline."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import struct
@@ -367,3 +368,20 @@ def test_http_port_off_keeps_only_the_probes_and_metrics(repository: Path) -> No
         for path in ("/v1/classify", f"/v2/models/{MODEL}/infer"):
             response = requests.post(url(srv, path), json={"texts": ["x"]}, timeout=10)
             assert response.status_code == 404 and "off" in response.json()["error"], path
+
+
+def test_a_client_gone_mid_body_is_no_error(
+    srv: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = srv.server.metrics_port or 0
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b'POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"te')
+        time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the server notices the close on its own loop
+        assert requests.get(url(srv, "/healthz"), timeout=10).status_code == 200
+        time.sleep(0.05)
+        if srv.server.http is not None and srv.server.http.app.inflight == 0:
+            break
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
