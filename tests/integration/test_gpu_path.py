@@ -92,16 +92,17 @@ def test_an_fp16_version_on_cuda(two_precisions: Path, tiny_run: Path) -> None:
     served_on("cuda", two_precisions, tiny_run)
 
 
-def test_the_gpu_check_runs_dry_on_cpu(tiny_run: Path, tmp_path: Path) -> None:
+def test_the_gpu_check_runs_dry_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "check"
-    assert gpu_check.main(["--dry-run", "--run", str(tiny_run), "--output", str(out)]) == 0
+    assert gpu_check.main(["--dry-run", "--output", str(out)]) == 0
     results = json.loads((out / "gpu_check.json").read_text())
-    assert set(results["steps"]) == {"export_fp32", "bench_fp32", "export_fp16", "bench_fp16"}
+    assert set(results["steps"]) == {
+        "train", "export_fp32", "bench_fp32", "export_fp16", "bench_fp16",
+    }  # fmt: skip
     assert all(step["status"] == 0 for step in results["steps"].values())
-    assert {p: m["test_accuracy"] > 0.9 for p, m in results["models"].items()} == {
-        "fp32": True,
-        "fp16": True,
-    }
+    accuracy = {p: m["test_accuracy"] for p, m in results["models"].items()}
+    assert set(accuracy) == {"fp32", "fp16"} and all(0 <= a <= 1 for a in accuracy.values())
+    assert accuracy["fp32"] - accuracy["fp16"] <= 0.01  # the export's --max-accuracy-drop
     rows = results["rows"]
     for precision in ("fp32", "fp16"):
         mine = [row for row in rows if row["precision"] == precision]
