@@ -32,7 +32,7 @@ from textserve.service.servicers.classifier import build_response
 from textserve.service.servicers.oip import EXTENSIONS, server_version
 from textserve.service.servicers.oip_codec import INPUT_NAME, decode_request, encode_response
 from textserve.service.servicers.oip_describe import model_config, model_metadata, model_statistics
-from textserve.service.servicers.resolve import resolve, truncation
+from textserve.service.servicers.resolve import pairs_of, resolve, threshold_of, truncation
 from textserve.service.servicers.status import observed
 from textserve.v1 import classifier_pb2 as pb
 
@@ -172,6 +172,7 @@ async def infer(app: HttpApp, request: Request) -> Response:
         try:
             seen.result = result = await handle.classify(
                 decoded.texts,
+                pairs=decoded.pairs,
                 truncate=truncation(decoded.truncate),
                 deadline=request.deadline,
                 trace=seen.trace,
@@ -226,6 +227,16 @@ def classify_request(document: dict[str, Any]) -> pb.ClassifyRequest:
     truncate = _typed(options, "truncate", bool, None)
     if truncate is not None:
         request.truncate = truncate
+    pairs = options.get("text_pairs")
+    if pairs is not None:
+        if not isinstance(pairs, list) or not all(isinstance(t, str) for t in pairs):
+            raise ValidationError("`text_pairs` must be a list of strings")
+        request.text_pairs.extend(pairs)
+    threshold = options.get("threshold")
+    if threshold is not None:
+        if type(threshold) not in (int, float):
+            raise ValidationError(f"`threshold` must be a number, got {type(threshold).__name__}")
+        request.threshold = threshold
     return request
 
 
@@ -239,8 +250,13 @@ async def classify(app: HttpApp, request: Request) -> Response:
         handle = resolve(ctx.repository, message.model, message.version)
         seen.reached(handle.name, handle.version, message.texts)
         truncate = truncation(message.truncate if message.HasField("truncate") else None)
+        threshold_of(message, handle)  # a bad threshold costs no inference
         seen.result = result = await handle.classify(
-            message.texts, truncate=truncate, deadline=request.deadline, trace=seen.trace
+            message.texts,
+            pairs=pairs_of(message),
+            truncate=truncate,
+            deadline=request.deadline,
+            trace=seen.trace,
         )
         response = build_response(message, handle, result)
     return _json(to_json(response))

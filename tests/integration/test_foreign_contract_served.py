@@ -8,6 +8,7 @@ test_tokenization_v2.py's."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -15,15 +16,25 @@ import grpc
 import numpy as np
 import onnx
 import pytest
+import requests
 from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from tests.handmade import make_version
 from tests.serving import RunningServer, running_server
-from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, Source, sha256_file
+from textserve.artifact import (
+    MANIFEST_FILE,
+    MODEL_FILE,
+    TOKENIZER_FILE,
+    Manifest,
+    Source,
+    sha256_file,
+)
 from textserve.commands.models import list_versions
 from textserve.oip import grpc_service_pb2 as oip
 from textserve.oip import grpc_service_pb2_grpc as oip_grpc
+from textserve.service.config import RuntimeConfig, ServerConfig
+from textserve.service.repository.loader import LoadError, load_version_dir
 from textserve.tokenization import Tokenization
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
@@ -154,7 +165,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     make_foreign_version(repository, "regress", ["stars"], "none", seed=2)
     make_foreign_version(repository, "nli", ["entail", "contradict"], "softmax", seed=3)
     make_version(repository, "plain", 1)  # our own kind: no pair template
-    with running_server(repository) as srv:
+    with running_server(repository, metrics_port=0) as srv:  # metrics_port: the HTTP front end
         yield srv
 
 
@@ -277,3 +288,43 @@ def test_get_model_and_models_show_source_activation_and_inputs(
     assert (
         listed["multi"]["threshold"] == 0.4 and listed["multi"]["source"]["kind"] == "huggingface"
     )
+
+
+def test_http_classify_takes_pairs_and_a_threshold(server: RunningServer) -> None:
+    url = f"http://127.0.0.1:{server.server.metrics_port}/v1/classify"
+    body = {"model": "nli", "texts": TEXTS, "text_pairs": PAIRS, "all_scores": True}
+    answer = requests.post(url, json=body, timeout=30).json()
+    expected = softmax(reference_logits(2, 3, TEXTS, PAIRS))
+    np.testing.assert_allclose([r["scores"] for r in answer["results"]], expected, atol=1e-5)
+    multi = {"model": "multi", "texts": TEXTS, "threshold": 0.95}
+    results = requests.post(url, json=multi, timeout=30).json()["results"]
+    over = [r.get("labels_over_threshold", []) for r in results]
+    assert over == [
+        [label for label, s in zip(MULTI, row, strict=True) if s >= 0.95]
+        for row in sigmoid(reference_logits(3, 1, TEXTS))
+    ]
+    refused = requests.post(
+        url, json={"model": "nli", "texts": ["a"], "threshold": "x"}, timeout=30
+    )
+    assert refused.status_code == 400 and "`threshold` must be a number" in refused.text
+
+
+@pytest.mark.parametrize("listed", [["input_ids", "attention_mask"], None])
+def test_the_graph_must_take_exactly_the_manifests_inputs(
+    tmp_path: Path, listed: list[str] | None
+) -> None:
+    # a graph with token_type_ids whose manifest does not list them, and (None) a graph
+    # without them (ours) whose manifest does
+    if listed is None:
+        path = make_version(tmp_path, "m", 1)
+        data = json.loads((path / MANIFEST_FILE).read_text())
+        data["inputs"] = ["input_ids", "attention_mask", "token_type_ids"]
+    else:
+        path = make_foreign_version(tmp_path, "m", ["a", "b"], "softmax", seed=0)
+        data = json.loads((path / MANIFEST_FILE).read_text())
+        data["inputs"] = listed
+    (path / MANIFEST_FILE).write_text(json.dumps(data))
+    config = ServerConfig(repository=tmp_path, runtime=RuntimeConfig(intra_op_threads=1))
+    with pytest.raises(LoadError, match="the contract is inputs") as caught:
+        load_version_dir(path, config, metrics=None)
+    assert caught.value.reason == "contract_mismatch"
