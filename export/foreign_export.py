@@ -278,8 +278,9 @@ def _int8(
     work: Path,
     encode: Encode,
 ) -> _Graph:
-    """Dynamic int8, checked as our own runs' int8: no logit bound, argmax agreement with the
-    fp32 graph on the check texts and random batches within --max-accuracy-drop points."""
+    """Dynamic int8, checked as our own runs' int8 is: no logit bound (finite logits at the
+    parity shapes), and its labels agree with the fp32 graph's on the check texts within
+    --max-accuracy-drop points."""
     path = work / "int8.onnx"
     settings = transforms.quantize_int8(graph.path, path)
     validate.check_model(path, num_labels=len(foreign.labels), inputs=foreign.inputs)

@@ -24,7 +24,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from tests import foreign  # noqa: E402
 from textserve import cli  # noqa: E402
-from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest  # noqa: E402
+from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file  # noqa: E402
 from textserve.export import huggingface  # noqa: E402
 from textserve.export.foreign_checks import CHECK_TEXTS, apply_activation  # noqa: E402
 from textserve.tokenization import Tokenization, load_tokenizer  # noqa: E402
@@ -212,6 +212,68 @@ def test_max_length_truncation_side_and_test_data(
     predicted = served_scores(tmp_path / "r" / "1", texts).argmax(axis=1)
     assert manifest.test_accuracy == pytest.approx(np.mean(predicted == np.arange(len(texts)) % 2))
     assert f"published {tmp_path}/r/1: fp32" in out
+
+
+def test_pytorch_model_bin(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # older save_pretrained (and safe_serialization=False) write pickled weights instead
+    import torch
+    from safetensors.torch import load_file
+
+    folder = Path(shutil.copytree(folders["distilbert"], tmp_path / "bin"))
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    code, _, err = export([str(folder), "--repository", str(tmp_path / "m"), "--name", "b"], capsys)
+    assert code == 0, err
+    manifest = Manifest.read(tmp_path / "m" / "b" / "1")
+    assert manifest.parity["served_max_abs_score_diff"] <= 1e-4
+    assert manifest.source_checkpoint_sha256 == sha256_file(folder / "pytorch_model.bin")
+
+
+REMOTE_CONFIG = """
+from transformers import BertConfig
+
+
+class MineConfig(BertConfig):
+    model_type = "mine"
+"""
+REMOTE_MODEL = """
+from transformers import BertForSequenceClassification
+
+from .configuration_mine import MineConfig
+
+
+class MineForSequenceClassification(BertForSequenceClassification):
+    config_class = MineConfig
+"""
+
+
+def test_remote_code_runs_with_trust_remote_code(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _edit_config(
+        tmp_path,
+        folders,
+        model_type="mine",
+        architectures=["MineForSequenceClassification"],
+        auto_map={
+            "AutoConfig": "configuration_mine.MineConfig",
+            "AutoModelForSequenceClassification": "modeling_mine.MineForSequenceClassification",
+        },
+    )
+    (folder / "configuration_mine.py").write_text(REMOTE_CONFIG)
+    (folder / "modeling_mine.py").write_text(REMOTE_MODEL)
+    argv = [str(folder), "--repository", str(tmp_path / "m"), "--name", "mine"]
+    assert export(argv, capsys)[0] == 2  # refused without the flag (the message: below)
+    code, _, err = export([*argv, "--trust-remote-code"], capsys)
+    assert code == 0, err
+    manifest = Manifest.read(tmp_path / "m" / "mine" / "1")
+    assert (manifest.source.architecture, manifest.source.model_type) == (
+        "MineForSequenceClassification",
+        "mine",
+    )
+    assert manifest.inputs == INPUTS["bert"]
 
 
 def test_int8(folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
