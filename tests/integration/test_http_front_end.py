@@ -385,3 +385,22 @@ def test_a_client_gone_mid_body_is_no_error(
             break
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], [r.getMessage() for r in errors]
+
+
+def test_the_classify_command_speaks_http_too(srv: RunningServer) -> None:
+    import sys
+
+    def classify(server: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "textserve.cli", "classify", "--server", server, "--json",
+             "--top-k", "2", *extra, *TEXTS],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    over_http = classify(url(srv, ""))
+    over_grpc = classify(srv.address)
+    assert over_http.returncode == 0, over_http.stderr
+    assert json.loads(over_http.stdout) == json.loads(over_grpc.stdout)
+    unknown = classify(url(srv, ""), "--model", "nope")
+    assert unknown.returncode != 0 and "nope" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1  # one line, no traceback

@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to classify")
     parser.add_argument("--file", help="read texts from this file, one per line ('-': stdin)")
     env_flag(parser, "TEXTSERVE_", "server", "127.0.0.1:50051", "server address HOST:PORT; "
-             "several (comma-separated) or dns:///NAME:PORT: balanced per request")  # fmt: skip
+             "several (comma-separated) or dns:///NAME:PORT: balanced per request; "
+             "http://HOST:PORT: over the HTTP port (POST /v1/classify)")  # fmt: skip
     parser.add_argument("--model", help="model name (default: the server's default model)")
     parser.add_argument("--version", type=int, help="model version (default: the newest)")
     parser.add_argument("--all-scores", action="store_true", help="show every label's score")
@@ -136,13 +137,15 @@ class Progress:
 def _unary(
     args: argparse.Namespace, requests: list[Sequence[str]], connections: int
 ) -> tuple[list[Any], str | None, int | None]:
-    """Unary Classify calls of --batch-size texts, `connections` in flight, answers in order."""
+    """Unary Classify calls of --batch-size texts, `connections` in flight, answers in order
+    (over HTTP, POST /v1/classify, when --server is an http:// or https:// URL)."""
     from textserve.client import Client
+    from textserve.http_client import HttpClient, is_http
 
     predictions: list[Any] = []
     model = version = None
     with (
-        Client(
+        (HttpClient if is_http(args.server) else Client)(
             args.server,
             timeout=args.timeout,
             connections=connections,
@@ -174,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--batch-size must be at least 1")
     if args.connections < 1:
         raise CliError(f"--connections must be at least 1, got {args.connections}")
+    if args.stream and args.server.startswith(("http://", "https://")):
+        raise CliError("--stream needs gRPC (ClassifyStream): give --server HOST:PORT")
     texts = read_texts(args)
     predictions: list[Any] = []
     model = version = None
