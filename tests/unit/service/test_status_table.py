@@ -96,6 +96,9 @@ class Context:
     def time_remaining(self) -> float | None:
         return self.remaining
 
+    def cancelled(self) -> bool:
+        return False
+
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.aborted = (code, details)
         raise grpc.aio.AbortError()
