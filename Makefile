@@ -41,7 +41,7 @@ system-deps:
 serve: venv
 	$(PY) -m textserve.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
 	$(PY) -m textserve.cli serve --repository $(REPOSITORY) --model $(MODEL) \
-	  --listen $(HOST):$(PORT) --metrics-port $(METRICS_PORT)
+	  --listen $(HOST):$(PORT) --http-port $(METRICS_PORT)
 
 ## test: lint (ruff, import directions), type-check, every test tier
 test: venv system-deps lint typecheck pytest
