@@ -140,6 +140,43 @@ def test_runs_through_an_io_binding_give_the_same_logits(tmp_path: Path) -> None
     assert bound.provider_options == {}  # no CUDA: none of its options
 
 
+def test_an_io_binding_feeds_token_type_ids_to_a_graph_that_takes_them(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tests.handmade import make_onnx
+
+    model = make_onnx(12, 2)
+    model.graph.input.append(
+        helper.make_tensor_value_info("token_type_ids", TensorProto.INT64, ["batch", "sequence"])
+    )
+    # logits + the number of type-1 tokens: the types must reach the graph to be seen
+    model.graph.node[-1].output[0] = "mean"
+    model.graph.node.extend(
+        [
+            helper.make_node("Cast", ["token_type_ids"], ["typesf"], to=TensorProto.FLOAT),
+            helper.make_node("ReduceSum", ["typesf", "axis1"], ["ones"], keepdims=1),
+            helper.make_node("Add", ["mean", "ones"], ["logits"]),
+        ]
+    )
+    path = tmp_path / "typed.onnx"
+    onnx.save(model, str(path))
+    inputs = ("input_ids", "attention_mask", "token_type_ids")
+    plain = Session(path, RuntimeConfig(device="cpu", intra_op_threads=1), inputs=inputs)
+    bound = Session(
+        path, RuntimeConfig(device="cpu", intra_op_threads=1, io_binding="on"), inputs=inputs
+    )
+    ids = np.arange(2, 10, dtype=np.int64).reshape(2, 4)
+    types = np.array([[0, 0, 1, 1], [0, 1, 1, 1]], dtype=np.int64)
+    typed = bound.run(ids, np.ones_like(ids), types)
+    np.testing.assert_array_equal(typed, plain.run(ids, np.ones_like(ids), types))
+    untyped = bound.run(ids, np.ones_like(ids))  # zeros: a single text's types
+    np.testing.assert_allclose(typed - untyped, [[2, 2], [3, 3]], atol=1e-6)
+    np.testing.assert_array_equal(
+        bound.run(ids, np.ones_like(ids)), plain.run(ids, np.ones_like(ids))
+    )
+
+
 def test_a_version_says_where_it_runs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = make_version(tmp_path, "m", 1, max_length=8)
     config = ServerConfig(

@@ -176,3 +176,21 @@ def test_buckets_are_bucket_width_tokens_wide() -> None:
     near = add(q, 16)  # bucket 1: the anchor's own
     assert take(q) == [(anchor.seq, 9), (near.seq, 16)]
     assert take(q) == [(far.seq, 8)]
+
+
+def test_the_queue_is_pure_no_asyncio_threads_or_futures() -> None:
+    import ast
+    from pathlib import Path
+
+    import textserve.service.engine.queue as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (
+            node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")]
+        )
+    }
+    assert not imported & {"asyncio", "threading", "concurrent", "time"}, imported
