@@ -98,6 +98,8 @@ class Prediction:
     top: list[tuple[str, float]] = field(default_factory=list)  # best top_k, with top_k > 0
     num_tokens: int = 0
     truncated: bool = False
+    # multi-label models: every label whose score reaches the threshold
+    labels_over_threshold: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ def _request(
     top_k: int,
     all_scores: bool,
     request_id: str,
+    text_pairs: Sequence[str] | None = None,
+    threshold: float | None = None,
 ) -> pb.ClassifyRequest:
     if isinstance(texts, str):
         raise TypeError("texts must be a sequence of strings, not one string")
@@ -138,6 +142,12 @@ def _request(
     )
     if truncate is not None:
         request.truncate = truncate
+    if text_pairs is not None:  # sentence pairs: one second text per text
+        if isinstance(text_pairs, str):
+            raise TypeError("text_pairs must be a sequence of strings, not one string")
+        request.text_pairs.extend(text_pairs)
+    if threshold is not None:  # multi-label models: the score a label must reach
+        request.threshold = threshold
     return request
 
 
@@ -151,6 +161,7 @@ def to_result(response: pb.ClassifyResponse) -> ClassifyResult:
             top=[(t.label, t.score) for t in r.top],
             num_tokens=r.num_tokens,
             truncated=r.truncated,
+            labels_over_threshold=list(r.labels_over_threshold),
         )
         for r in response.results
     ]
@@ -271,8 +282,12 @@ class Client(BlockingClient):
         all_scores: bool = False,
         request_id: str = "",
         timeout: float | None = None,
+        text_pairs: Sequence[str] | None = None,
+        threshold: float | None = None,
     ) -> ClassifyResult:
-        request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
+        request = _request(
+            texts, model, version, truncate, top_k, all_scores, request_id, text_pairs, threshold
+        )
         return to_result(self._call(self._next().Classify, request, timeout))
 
     def classify_stream(
@@ -474,8 +489,12 @@ class AsyncClient:
         all_scores: bool = False,
         request_id: str = "",
         timeout: float | None = None,
+        text_pairs: Sequence[str] | None = None,
+        threshold: float | None = None,
     ) -> ClassifyResult:
-        request = _request(texts, model, version, truncate, top_k, all_scores, request_id)
+        request = _request(
+            texts, model, version, truncate, top_k, all_scores, request_id, text_pairs, threshold
+        )
         try:
             response = await self._next().Classify(
                 request, timeout=timeout or self.timeout, metadata=_traced(self._metadata)

@@ -328,3 +328,17 @@ def test_the_graph_must_take_exactly_the_manifests_inputs(
     with pytest.raises(LoadError, match="the contract is inputs") as caught:
         load_version_dir(path, config, metrics=None)
     assert caught.value.reason == "contract_mismatch"
+
+
+def test_the_client_library_sends_pairs_and_a_threshold(server: RunningServer) -> None:
+    from textserve.client import Client
+
+    with Client(server.address) as client:
+        result = client.classify(TEXTS, model="nli", text_pairs=PAIRS, all_scores=True)
+        got = [[p.scores[label] for label in ("entail", "contradict")] for p in result.predictions]
+        np.testing.assert_allclose(got, softmax(reference_logits(2, 3, TEXTS, PAIRS)), atol=1e-5)
+        multi = client.classify(TEXTS, model="multi", threshold=0.95)
+        expected = sigmoid(reference_logits(3, 1, TEXTS))
+        assert [p.labels_over_threshold for p in multi.predictions] == [
+            [label for label, s in zip(MULTI, row, strict=True) if s >= 0.95] for row in expected
+        ]
