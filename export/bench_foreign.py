@@ -52,15 +52,16 @@ class ForeignBench:
         return get[(engine, batch_size)] / get[("pytorch fp32", batch_size)]
 
 
-def bert_shaped(seed: int = 0) -> Foreign:
-    """The benchmarked model: BertForSequenceClassification with SHAPE, 2 labels, eager."""
+def bert_shaped(seed: int = 0, shape: dict[str, int] | None = None) -> Foreign:
+    """The benchmarked model: BertForSequenceClassification with SHAPE (or `shape`), 2 labels."""
+    shape = shape or SHAPE
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     from textserve.export.huggingface import _Logits
 
     torch.manual_seed(seed)
-    settings: dict[str, Any] = {"num_labels": 2, "attn_implementation": "eager", **SHAPE}
+    settings: dict[str, Any] = {"num_labels": 2, "attn_implementation": "eager", **shape}
     config = transformers.BertConfig(**settings)
     model = transformers.BertForSequenceClassification(config).eval()
     return Foreign(
@@ -78,15 +79,17 @@ def bert_shaped(seed: int = 0) -> Foreign:
             "architecture": "BertForSequenceClassification",
             "model_type": "bert",
         },
-        vocab_size=SHAPE["vocab_size"],
+        vocab_size=shape["vocab_size"],
         type_vocab_size=2,
         hf_model=model,
         ort_model_type="bert",
-        shape=(SHAPE["num_attention_heads"], SHAPE["hidden_size"]),
+        shape=(shape["num_attention_heads"], shape["hidden_size"]),
     )
 
 
-def batches(n_texts: int, batch_size: int, seed: int = 0) -> list[validate.Batch]:
+def batches(
+    n_texts: int, batch_size: int, seed: int = 0, vocab: int = SHAPE["vocab_size"]
+) -> list[validate.Batch]:
     """Random (ids, mask) batches of texts 16-128 tokens long, padded to each batch's longest."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(16, 129, size=n_texts)
@@ -95,16 +98,24 @@ def batches(n_texts: int, batch_size: int, seed: int = 0) -> list[validate.Batch
         part = lengths[i : i + batch_size]
         t = int(part.max())
         mask = (np.arange(t)[None, :] < part[:, None]).astype(np.int64)
-        ids = rng.integers(1000, SHAPE["vocab_size"], size=mask.shape, dtype=np.int64) * mask
+        ids = rng.integers(vocab // 30, vocab, size=mask.shape, dtype=np.int64) * mask
         out.append((ids, mask))
     return out
 
 
 def run(
-    *, threads: int = 1, batch_sizes: Sequence[int] = (1, 32), n_texts: int = 256, rounds: int = 5
+    *,
+    threads: int = 1,
+    batch_sizes: Sequence[int] = (1, 32),
+    n_texts: int = 256,
+    rounds: int = 5,
+    min_seconds: float = 0.3,
+    shape: dict[str, int] | None = None,
 ) -> tuple[ForeignBench, dict[str, Any]]:
+    """Measure every engine at every batch size; `shape` replaces SHAPE (tests: a tiny one)."""
     torch.set_num_threads(threads)
-    foreign = bert_shaped()
+    shape = shape or SHAPE
+    foreign = bert_shaped(shape=shape)
     notes: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="textserve-bench-bert-") as tmp:
         raw, fused, int8 = (Path(tmp) / f"{n}.onnx" for n in ("fp32", "optimized", "int8"))
@@ -114,14 +125,14 @@ def run(
         engines: dict[str, Predict] = {"pytorch fp32": _torch(foreign.model)}
         for name, path in zip(ENGINES[1:], (raw, fused, int8), strict=True):
             engines[name] = _ort(validate.make_session(path, threads=threads))
-        parity = _parity(engines, batches(64, 8, seed=2))
+        parity = _parity(engines, batches(64, 8, seed=2, vocab=shape["vocab_size"]))
         measured: list[Measurement] = []
         for b in batch_sizes:
-            data = batches(n_texts if b > 1 else n_texts // 4, b)
+            data = batches(n_texts if b > 1 else n_texts // 4, b, vocab=shape["vocab_size"])
             labels = [0] * sum(len(ids) for ids, _ in data)  # random weights: speed only
-            measured += _measure(engines, data, labels, b, rounds, 0.3, _say)
+            measured += _measure(engines, data, labels, b, rounds, min_seconds, _say)
     params = sum(p.numel() for p in foreign.model.parameters())
-    model = {**SHAPE, "parameters": params, "lengths": "16-128 tokens"}
+    model = {**shape, "parameters": params, "lengths": "16-128 tokens"}
     return ForeignBench(threads, n_texts, model, measured), {**notes, "max_abs_logit_diff": parity}
 
 
