@@ -40,6 +40,29 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert (tmp_path / "site" / "assets" / "bench" / "textserve_bench.png").is_file()
 
 
+def _pages(nav: object) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in _pages(value)]
+    if isinstance(nav, list):
+        return [page for item in nav for page in _pages(item)]
+    return []
+
+
+def test_every_page_is_in_the_nav_once() -> None:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text("utf-8"))
+    pages = _pages(config["nav"])
+    assert len(pages) == len(set(pages)), sorted(p for p in pages if pages.count(p) > 1)
+    written = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    missing = sorted(written - set(pages))  # MkDocs itself only mentions them
+    assert not missing, (
+        f"pages nobody reaches from the site's menu: add them to mkdocs.yml's nav: {missing}"
+    )
+
+
 def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
     # The same site with one link broken: --strict must refuse it (the check can fail).
     docs = tmp_path / "docs"
