@@ -47,6 +47,7 @@ from textserve.tokenization import Tokenization, load_tokenizer
 logger = logging.getLogger(__name__)
 
 Encode = Callable[[Sequence[str]], dict[str, np.ndarray]]
+Split = tuple[list[str], list[int]]  # --test-data: texts and label indices
 # A rewritten graph is kept only when it is at least this much faster than the one it replaces
 # (below that, the timing is within this shared machine's noise and the plain graph is simpler).
 MIN_SPEEDUP = 1.05
@@ -75,7 +76,7 @@ def export_foreign(
         work = tmp / ".work"
         work.mkdir()
         encode = _encoder(foreign, opts)
-        graph, parity, extra = _build(foreign, work, opts, encode)
+        graph, parity, extra = _build(foreign, work, opts, encode, test)
         accuracy = _accuracy(graph.path, foreign, encode, test, opts.threads)
         os.replace(graph.path, tmp / MODEL_FILE)
         shutil.copyfile(foreign.tokenizer_file, tmp / TOKENIZER_FILE)
@@ -137,7 +138,7 @@ def _encoder(foreign: Foreign, opts: ExportOptions) -> Encode:
 
 
 def _build(
-    foreign: Foreign, work: Path, opts: ExportOptions, encode: Encode
+    foreign: Foreign, work: Path, opts: ExportOptions, encode: Encode, test: Split | None = None
 ) -> tuple[_Graph, dict[str, float], dict[str, Any]]:
     batches = checks.random_batches(foreign)
     raw = work / "raw.onnx"
@@ -172,7 +173,7 @@ def _build(
         )
     parity["max_abs_logit_diff"] = graph.parity
     if opts.quantize == "int8":
-        graph = _int8(graph, foreign, batches, opts, work, encode)
+        graph = _int8(graph, foreign, batches, opts, work, encode, test)
     return graph, parity, extra
 
 
@@ -277,10 +278,11 @@ def _int8(
     opts: ExportOptions,
     work: Path,
     encode: Encode,
+    test: Split | None,
 ) -> _Graph:
     """Dynamic int8, checked as our own runs' int8 is: no logit bound (finite logits at the
-    parity shapes), and its labels agree with the fp32 graph's on the check texts within
-    --max-accuracy-drop points."""
+    parity shapes); its accuracy on --test-data (without one: its agreement with the fp32
+    graph's labels on the check texts) within --max-accuracy-drop points of fp32's."""
     path = work / "int8.onnx"
     settings = transforms.quantize_int8(graph.path, path)
     validate.check_model(path, num_labels=len(foreign.labels), inputs=foreign.inputs)
@@ -291,8 +293,13 @@ def _int8(
     feed = encode(texts)
     fp32_logits, int8_logits = (_logits(g, foreign, feed, opts.threads) for g in (graph.path, path))
     agreement = float((fp32_logits.argmax(1) == int8_logits.argmax(1)).mean())
-    validate.check_accuracy_drop(
-        1.0, agreement, max_drop_points=opts.max_accuracy_drop, label="int8"
+    reference, candidate = 1.0, agreement
+    if test is not None:
+        reference, candidate = (
+            _accuracy(g, foreign, encode, test, opts.threads) or 0.0 for g in (graph.path, path)
+        )
+    drop = validate.check_accuracy_drop(
+        reference, candidate, max_drop_points=opts.max_accuracy_drop, label="int8"
     )
     before, after = (_seconds(g, foreign, opts.threads) for g in (graph.path, path))
     if after > before:
@@ -300,6 +307,8 @@ def _int8(
     note = {
         **settings,
         "fp32_argmax_agreement": agreement,
+        "checked_on": "--test-data" if test is not None else "the check texts",
+        "accuracy_delta_points": round(-drop, 4) + 0.0,
         "speedup_vs_fp32": round(before / after, 3),
         "max_abs_logit_diff": loose.max_abs_diff,
     }
@@ -332,7 +341,7 @@ def _seconds(path: Path, foreign: Foreign, threads: int | None, repeats: int = 5
     return float(np.median(times))
 
 
-def _test_split(foreign: Foreign, path: Path | None) -> tuple[list[str], list[int]] | None:
+def _test_split(foreign: Foreign, path: Path | None) -> Split | None:
     """--test-data's texts and label indices; ExportError for labels the model does not have."""
     if path is None:
         return None
@@ -358,7 +367,7 @@ def _accuracy(
     graph: Path,
     foreign: Foreign,
     encode: Encode,
-    test: tuple[list[str], list[int]] | None,
+    test: Split | None,
     threads: int | None,
 ) -> float | None:
     """The published graph's accuracy on --test-data as served (None without one)."""

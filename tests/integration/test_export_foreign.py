@@ -294,7 +294,8 @@ def test_int8(folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 0, err
     manifest = Manifest.read(tmp_path / "q" / "1")
     assert manifest.precision == "int8" and manifest.inputs == INPUTS["bert"]
-    assert "fp32_argmax_agreement" in manifest.extra["quantization"]
+    assert manifest.extra["quantization"]["checked_on"] == "the check texts"
+    assert manifest.extra["quantization"]["accuracy_delta_points"] <= 0
 
 
 MODULE = '''
