@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from textserve.model.data import DEFAULT_CACHE_DIR
-from textserve.model.train_config import TrainConfig
+from textserve.model.train_config import FINETUNE_LR, SCRATCH_LR, TrainConfig
 
 # Flags that replace a field of the chosen ModelConfig preset (None: keep the preset's value).
 MODEL_FLAGS = (
@@ -49,6 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     mdl = parser.add_argument_group("model")
+    mdl.add_argument(
+        "--init-from", metavar="DIR",
+        help="fine-tune this Hugging Face model folder (save_pretrained: config, weights, "
+        "tokenizer.json) or model id instead of training from scratch; the run is then a "
+        "save_pretrained folder (docs/training.md)",
+    )  # fmt: skip
+    mdl.add_argument(
+        "--layer-decay", type=float, default=d.layer_decay,
+        help=f"with --init-from: learning-rate factor per layer below the head ({d.layer_decay})",
+    )  # fmt: skip
     mdl.add_argument("--preset", default=d.preset, choices=("tiny", "small", "base"))
     mdl.add_argument("--vocab-size", type=int, help="tokenizer vocabulary (default: the preset's)")
     mdl.add_argument(
@@ -65,7 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt = parser.add_argument_group("training")
     opt.add_argument("--epochs", type=int, default=d.epochs, help=f"at most ({d.epochs})")
     opt.add_argument("--batch-size", type=int, default=d.batch_size, help=f"({d.batch_size})")
-    opt.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate ({d.lr})")
+    opt.add_argument(
+        "--lr", type=float, default=d.lr,
+        help=f"peak learning rate ({SCRATCH_LR:g} from scratch, {FINETUNE_LR:g} with --init-from)",
+    )  # fmt: skip
     opt.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW")
     opt.add_argument(
         "--warmup-fraction", type=float, default=d.warmup_fraction,
@@ -80,6 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"))
     opt.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     opt.add_argument("--no-progress", dest="progress", action="store_false", help="no bars")
+    opt.add_argument(
+        "--no-baseline", dest="baseline", action="store_false",
+        help="skip the linear baseline (TF-IDF + logistic regression) fitted beside the model",
+    )  # fmt: skip
 
     out = parser.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, help="the run directory (must be new or empty)")
@@ -124,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
         output_dir=args.output_dir,
         runs_dir=args.runs_dir,
         progress=args.progress,
+        baseline=args.baseline,
+        init_from=args.init_from,
+        layer_decay=args.layer_decay,
     )
     try:
         run_dir = train(cfg)

@@ -50,8 +50,8 @@ def _check(cfg: TrainConfig) -> None:
     for name, value in positive.items():
         if value < 1:
             raise TrainConfigError(f"{name} must be >= 1, got {value}")
-    if cfg.lr <= 0:
-        raise TrainConfigError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.learning_rate <= 0:
+        raise TrainConfigError(f"lr must be > 0, got {cfg.learning_rate}")
     if not 0.0 <= cfg.label_smoothing < 1.0:
         raise TrainConfigError(f"label_smoothing must be in [0, 1), got {cfg.label_smoothing}")
     if not 0.0 <= cfg.warmup_fraction < 1.0:
@@ -129,21 +129,28 @@ def make_batches(lengths: list[int], batch_size: int, rng: random.Random | None)
     return batches
 
 
-def collate(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def collate(
+    rows: list[list[int]], device: torch.device, pad_token_id: int = PAD_TOKEN_ID
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of encoded rows padded by the contract (textserve.tokenization.pad)."""
-    ids, mask = pad(rows, PAD_TOKEN_ID)
+    ids, mask = pad(rows, pad_token_id)
     return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
 
 
 def predict(
-    model: nn.Module, ids: list[list[int]], device: torch.device, batch_size: int = 256
+    model: nn.Module,
+    ids: list[list[int]],
+    device: torch.device,
+    batch_size: int = 256,
+    pad_token_id: int = PAD_TOKEN_ID,
 ) -> torch.Tensor:
     """Logits (N, num_labels) on CPU, in the order of `ids`."""
     model.eval()
     out = torch.empty(len(ids), 0)
     with torch.inference_mode(), _autocast(device):
         for batch in make_batches([len(r) for r in ids], batch_size, None):
-            logits = model(*collate([ids[i] for i in batch], device)).float().cpu()
+            rows = [ids[i] for i in batch]
+            logits = model(*collate(rows, device, pad_token_id)).float().cpu()
             if out.shape[1] == 0:
                 out = torch.empty(len(ids), logits.shape[1])
             out[batch] = logits  # back in input order: batches are sorted by length
@@ -163,7 +170,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(0.9, 0.98), eps=1e-9)
 
 
 def warmup_cosine(step: int, warmup: int, total: int) -> float:
@@ -175,7 +182,11 @@ def warmup_cosine(step: int, warmup: int, total: int) -> float:
 
 
 def train(cfg: TrainConfig) -> Path:
-    """Train, evaluate, and write a complete run directory; returns its path."""
+    """Train, evaluate, and write a complete run directory; returns its path.
+
+    With `cfg.init_from` (a Hugging Face model folder) it fine-tunes that model instead
+    (model/finetune.py) and the run directory is a save_pretrained folder.
+    """
     t_start = time.perf_counter()
     _check(cfg)
     device = resolve_device(cfg.device)
@@ -184,6 +195,10 @@ def train(cfg: TrainConfig) -> Path:
         torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    if cfg.init_from is not None:
+        from textserve.model.finetune import finetune
+
+        return finetune(cfg, device, out_dir, t_start)
 
     splits, labels = load_splits(cfg)
     label_index = {name: i for i, name in enumerate(labels)}
@@ -226,11 +241,13 @@ def train(cfg: TrainConfig) -> Path:
         cfg.preset, f"{model.num_parameters():,}", model_cfg.vocab_size, model_cfg.max_length,
         device,
     )  # fmt: skip
-    history, best = _fit(model, cfg, encoded, device)
+    optimizer = build_optimizer(model, cfg)
+    history, best = fit(model, cfg, encoded, device, optimizer, model_cfg.num_labels)
     t_fit = time.perf_counter()
 
-    val_metrics = _evaluate(model, encoded["validation"], labels, device)
-    test_metrics = _evaluate(model, encoded["test"], labels, device)
+    val_metrics = evaluate(model, encoded["validation"], labels, device)
+    test_metrics = evaluate(model, encoded["test"], labels, device)
+    baseline = run_baseline(cfg, splits, encoded, labels)
     majority = max(splits.test.label_counts().values()) / len(splits.test)
     timings = {
         "data_seconds": t_data - t_start,
@@ -254,6 +271,7 @@ def train(cfg: TrainConfig) -> Path:
         "threads": torch.get_num_threads(),
         "timings": timings,
     }
+    add_baseline(metrics, baseline)
     data_info = {
         "source": splits.train.source if cfg.data is None else str(cfg.data),
         "text_column": cfg.text_column,
@@ -261,7 +279,7 @@ def train(cfg: TrainConfig) -> Path:
         "sizes": {"train": len(splits.train), "validation": len(splits.validation),
                   "test": len(splits.test)},
     }  # fmt: skip
-    train_info = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    train_info = run_settings(cfg)
 
     # Written to a hidden sibling and renamed: a run directory is either complete or absent.
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
@@ -278,31 +296,113 @@ def train(cfg: TrainConfig) -> Path:
         tmp.rename(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    logger.info(
-        "test accuracy %.4f, macro-F1 %.4f (majority class %.4f); %.1fs in all; run: %s",
-        test_metrics["accuracy"], test_metrics["macro_f1"], majority,
-        time.perf_counter() - t_start, out_dir,
-    )  # fmt: skip
+    log_summary(metrics, out_dir, t_start)
     return out_dir
+
+
+def run_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The TrainConfig as JSON (config.json's "train"), with the learning rate actually used."""
+    info = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    info["lr"] = cfg.learning_rate
+    return info
+
+
+def log_summary(metrics: dict[str, Any], out_dir: Path, t_start: float) -> None:
+    """The run's last lines: its test figures beside the baseline's, then any warning."""
+    baseline = metrics.get("baseline")
+    versus = (
+        ""
+        if not baseline or baseline["accuracy"] is None
+        else f" — linear baseline {baseline['accuracy']:.4f}, macro-F1 {baseline['macro_f1']:.4f}"
+    )
+    logger.info(
+        "test accuracy %.4f, macro-F1 %.4f%s (majority class %.4f); %.1fs in all; run: %s",
+        metrics["test_accuracy"], metrics["test_macro_f1"], versus,
+        metrics["test_majority_baseline"], time.perf_counter() - t_start, out_dir,
+    )  # fmt: skip
+    for warning in metrics.get("warnings", []):
+        logger.warning("%s", warning)
+
+
+def add_baseline(metrics: dict[str, Any], baseline: dict[str, Any] | None) -> None:
+    """metrics["baseline"] and metrics["warnings"] (the model losing to it), if it ran."""
+    if baseline is not None:
+        metrics["baseline"] = baseline
+        metrics["warnings"] = _baseline_warnings(metrics["test"], baseline)
+
+
+def run_baseline(
+    cfg: TrainConfig, splits: data_mod.Splits, encoded: dict[str, Encoded], labels: list[str]
+) -> dict[str, Any] | None:
+    """The linear baseline's figures on the run's own splits (None with --no-baseline)."""
+    if not cfg.baseline:
+        return None
+    from textserve.model.baseline import fit_baseline
+
+    sets = {
+        name: (split.texts, encoded[name][1].tolist())
+        for name, split in (("validation", splits.validation), ("test", splits.test))
+    }
+    try:
+        result = fit_baseline(splits.train.texts, encoded["train"][1].tolist(), sets, labels)
+    except ValueError as exc:  # e.g. a vocabulary left empty by min_df on a handful of texts
+        logger.warning("linear baseline skipped: %s", exc)
+        return {"model": "skipped", "error": str(exc), "accuracy": None, "macro_f1": None}
+    test, val = result["test"], result["validation"]
+    logger.info(
+        "linear baseline (%s): test accuracy %.4f, macro-F1 %.4f; %.1fs",
+        result["model"], test["accuracy"], test["macro_f1"], result["seconds"],
+    )  # fmt: skip
+    return {
+        "model": result["model"],
+        "accuracy": test["accuracy"],
+        "macro_f1": test["macro_f1"],
+        "validation_accuracy": val["accuracy"],
+        "validation_macro_f1": val["macro_f1"],
+        "test": test,
+        "validation": val,
+        "seconds": result["seconds"],
+    }
+
+
+def _baseline_warnings(test_metrics: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    if baseline["accuracy"] is None or test_metrics["accuracy"] >= baseline["accuracy"]:
+        return []
+    return [
+        f"the model does not beat the linear baseline: test accuracy "
+        f"{test_metrics['accuracy']:.4f} < {baseline['accuracy']:.4f} ({baseline['model']}); "
+        "a bigger or pretrained model (--init-from) or more data may help"
+    ]
 
 
 Encoded = tuple[list[list[int]], torch.Tensor]
 
 
-def _evaluate(
-    model: nn.Module, split: Encoded, labels: list[str], device: torch.device
+def evaluate(
+    model: nn.Module,
+    split: Encoded,
+    labels: list[str],
+    device: torch.device,
+    pad_token_id: int = PAD_TOKEN_ID,
 ) -> dict[str, Any]:
-    logits = predict(model, split[0], device)
+    logits = predict(model, split[0], device, pad_token_id=pad_token_id)
     return classification_metrics(split[1].numpy(), logits.argmax(dim=1).numpy(), labels)
 
 
-def _fit(
-    model: TransformerClassifier,
+def fit(
+    model: nn.Module,
     cfg: TrainConfig,
     encoded: dict[str, Encoded],
     device: torch.device,
+    optimizer: torch.optim.Optimizer,
+    num_labels: int,
+    pad_token_id: int = PAD_TOKEN_ID,
 ) -> tuple[list[dict[str, float]], int]:
-    """The training loop; leaves the best (validation accuracy) weights in `model`."""
+    """The training loop; leaves the best (validation accuracy) weights in `model`.
+
+    `model(input_ids, attention_mask) -> logits`; the learning rates are the optimizer's groups'
+    (warm-up and cosine decay scale each of them).
+    """
     train_ids, train_y = encoded["train"]
     val_ids, val_y = encoded["validation"]
     lengths = [len(r) for r in train_ids]
@@ -310,7 +410,6 @@ def _fit(
     steps_per_epoch = math.ceil(len(train_ids) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     warmup = max(1, int(cfg.warmup_fraction * total))
-    optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, warmup, total)
     )
@@ -326,7 +425,7 @@ def _fit(
             disable=not cfg.progress, mininterval=0.5,
         )  # fmt: skip
         for batch in bar:
-            ids, mask = collate([train_ids[i] for i in batch], device)
+            ids, mask = collate([train_ids[i] for i in batch], device, pad_token_id)
             target = train_y[batch].to(device)
             with _autocast(device):
                 logits = model(ids, mask)
@@ -341,9 +440,9 @@ def _fit(
             seen += len(batch)
             bar.set_postfix(loss=f"{total_loss / seen:.4f}", refresh=False)
         bar.close()
-        val_logits = predict(model, val_ids, device)
+        val_logits = predict(model, val_ids, device, pad_token_id=pad_token_id)
         val_loss = F.cross_entropy(val_logits, val_y, label_smoothing=cfg.label_smoothing).item()
-        val_labels = [str(i) for i in range(model.config.num_labels)]
+        val_labels = [str(i) for i in range(num_labels)]
         val = classification_metrics(val_y.numpy(), val_logits.argmax(dim=1).numpy(), val_labels)
         record = {
             "epoch": epoch,

@@ -11,6 +11,9 @@ from typing import Any
 
 from textserve.model.data import DEFAULT_CACHE_DIR
 
+SCRATCH_LR = 1e-3
+FINETUNE_LR = 5e-5
+
 
 class TrainConfigError(ValueError):
     """A training option the user must change (bad value, unavailable device, output exists)."""
@@ -30,7 +33,7 @@ class TrainConfig:
     lowercase: bool = True
     epochs: int = 5  # upper bound; the default model peaks at 4-5 epochs on the default data
     batch_size: int = 32
-    lr: float = 1e-3  # peak learning rate, reached after the warm-up
+    lr: float | None = None  # peak learning rate after the warm-up; None: learning_rate's default
     weight_decay: float = 0.05  # AdamW, on weight matrices only (not biases / LayerNorm)
     warmup_fraction: float = 0.1  # of all steps, linear warm-up; cosine decay to 0 after it
     label_smoothing: float = 0.1
@@ -44,3 +47,14 @@ class TrainConfig:
     output_dir: Path | None = None  # None: runs_dir/<timestamp>-<preset>
     runs_dir: Path = Path("runs")
     progress: bool = True  # tqdm bar per epoch
+    baseline: bool = True  # also fit and score the linear baseline (model/baseline.py)
+    # Fine-tuning (model/finetune.py): a Hugging Face model folder (save_pretrained) or model id
+    init_from: str | None = None
+    layer_decay: float = 0.9  # fine-tuning: each layer down from the head learns this × slower
+
+    @property
+    def learning_rate(self) -> float:
+        """`lr`, or the default: 1e-3 from scratch, 5e-5 when fine-tuning (--init-from)."""
+        if self.lr is not None:
+            return self.lr
+        return FINETUNE_LR if self.init_from is not None else SCRATCH_LR
