@@ -28,12 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from textserve.model.classifier import (
-    EncoderBlock,
-    MultiHeadSelfAttention,
-    TransformerClassifier,
-    masked_mean,
-)
+from textserve.model.classifier import EncoderBlock, MultiHeadSelfAttention, TransformerClassifier
 
 # What a padding key's attention score loses against the real key it copies (see _attend).
 PADDING_PENALTY = 30.0
@@ -98,21 +93,16 @@ class PaddingFreeClassifier(nn.Module):
         # Embedded on the grid, then packed: fewer graph nodes than packing ids and positions
         # first (that matters at batch 1), for ~1% of a batch of 32. The table is scaled once
         # (the exporter folds it into a constant): the same products as scaling after the lookup.
-        if m.ngram_emb is None:
-            table = m.tok_emb.weight * m.embed_scale  # (V, C)
-            e = F.embedding(input_ids, table)  # (B, T, C)
-        else:
-            e = m.embed(input_ids, attention_mask)  # (B, T, C), + hashed n-grams
-        x = e + m.positions(t).unsqueeze(0)  # (B, T, C)
+        table = m.tok_emb.weight * m.embed_scale  # (V, C)
+        x = F.embedding(input_ids, table) + m.positions(t).unsqueeze(0)  # (B, T, C)
         x = x.reshape(1, b * t, c).index_select(1, keep)  # (1, N, C)
         for block in m.blocks:
             x = self._block(cast(EncoderBlock, block), x, rows)
         x = m.final_norm(x)
         x = x.index_select(1, slot).view(b, t, c)  # (B, T, C), padding rows hold junk
         # The model's masked mean, with its summation order: junk rows are multiplied by 0.
-        pooled = masked_mean(x, attention_mask)  # (B, C)
-        if m.config.pool_embeddings:
-            pooled = torch.cat([pooled, masked_mean(e, attention_mask)], dim=-1)  # (B, 2C)
+        mask = attention_mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        pooled = (x * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B, C)
         return m.head(pooled).float()  # (B, num_labels)
 
     @staticmethod

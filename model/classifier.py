@@ -34,11 +34,6 @@ class ModelConfig:
     positional: str = "sinusoidal"  # "sinusoidal" (the paper's formula) or "learned"
     pad_token_id: int = 0  # id of [PAD]; its embedding row is kept at zero
     layer_norm_eps: float = 1e-5  # LayerNorm epsilon (torch's default, for parity with torch.nn)
-    # fastText's idea inside the encoder: each position also embeds the hashed n-grams of token
-    # ids ending there (orders 2..ngram_max), added to its token embedding. 0 buckets: off.
-    ngram_buckets: int = 0  # rows of the shared n-gram embedding table
-    ngram_max: int = 3  # longest n-gram hashed (2: bigrams only)
-    pool_embeddings: bool = False  # the head also reads the masked mean of the input embeddings
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_labels", "max_length", "d_model", "n_heads", "n_layers"):
@@ -60,11 +55,6 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.positional must be one of {', '.join(POSITIONAL_KINDS)}, "
                 f"got {self.positional!r}"
-            )
-        if self.ngram_buckets < 0 or (self.ngram_buckets and not 2 <= self.ngram_max <= 4):
-            raise ValueError(
-                "ModelConfig.ngram_buckets must be >= 0 and ngram_max in 2..4, got "
-                f"{self.ngram_buckets} and {self.ngram_max}"
             )
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(
@@ -126,38 +116,6 @@ def sinusoidal_table(length: int, d_model: int) -> torch.Tensor:
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
     return table.to(torch.float32)
-
-
-# Odd multipliers of the n-gram hash (fastText's and two more large primes); one per position
-# back. ids < 2^24 keep every product and sum below 2^63.
-NGRAM_MULTIPLIERS = (1, 116049371, 179424673, 961748941)
-NGRAM_ORDER_OFFSET = 1000003  # keeps an n-gram and the (n+1)-gram "[PAD] + it" apart
-
-
-def hashed_ngrams(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, buckets: int, max_n: int
-) -> list[torch.Tensor]:
-    """Bucket ids (B, T) of the n-grams ending at each position, for n = 2..max_n.
-
-    Integer arithmetic only (Mul, Add, Mod in ONNX), so the export computes it in the graph and
-    serving needs nothing but token ids. Positions before the text, and padding (mask 0), count
-    as id 0: the same n-grams whatever the padding.
-    """
-    ids = input_ids * attention_mask  # (B, T)
-    out = []
-    acc = ids  # the hash of the n-gram ending here, built one position back at a time
-    for n in range(2, max_n + 1):
-        back = F.pad(ids, (n - 1, 0))[:, : -(n - 1)]  # (B, T) the id n-1 positions back
-        acc = acc + back * NGRAM_MULTIPLIERS[n - 1]
-        out.append(torch.remainder(acc + n * NGRAM_ORDER_OFFSET, buckets))
-    return out
-
-
-def masked_mean(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T, C) -> (B, C): padding is zeroed and the sum divided by the real length, so the
-    pooled vector does not depend on how much padding the batch needed."""
-    mask = attention_mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
-    return (x * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -257,44 +215,29 @@ class TransformerClassifier(nn.Module):
             nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
         )
         self.head_dropout = nn.Dropout(cfg.dropout)
-        pooled_width = cfg.d_model * (2 if cfg.pool_embeddings else 1)
-        self.head = nn.Linear(pooled_width, cfg.num_labels)
+        self.head = nn.Linear(cfg.d_model, cfg.num_labels)
         # Embeddings of variance 1/d: after the × √d scaling they match the unit-scale sinusoids.
         nn.init.normal_(self.tok_emb.weight, std=cfg.d_model**-0.5)
         with torch.no_grad():
             self.tok_emb.weight[cfg.pad_token_id].zero_()
-        self.ngram_emb: nn.Embedding | None = None
-        if cfg.ngram_buckets:
-            self.ngram_emb = nn.Embedding(cfg.ngram_buckets, cfg.d_model)
-            nn.init.normal_(self.ngram_emb.weight, std=cfg.d_model**-0.5)
 
     def positions(self, length: int) -> torch.Tensor:
         """Positional encodings for the first `length` positions, (T, C)."""
         table = self.pos_emb if self.pos_emb is not None else self.pos_table
         return table[:length]
 
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Token (+ hashed n-gram) embeddings, scaled by √d, without positions: (B, T, C)."""
-        x = self.tok_emb(input_ids)  # (B, T, C)
-        if self.ngram_emb is not None:
-            cfg = self.config
-            for ids in hashed_ngrams(input_ids, attention_mask, cfg.ngram_buckets, cfg.ngram_max):
-                x = x + self.ngram_emb(ids)  # (B, T, C)
-        return x * self.embed_scale
-
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         # input_ids, attention_mask: (B, T) int64; returns logits (B, num_labels) float32
-        e = self.embed(input_ids, attention_mask)  # (B, T, C)
-        x = e + self.positions(input_ids.shape[1]).unsqueeze(0)  # (B, T, C)
+        x = self.tok_emb(input_ids) * self.embed_scale  # (B, T, C)
+        x = x + self.positions(input_ids.shape[1]).unsqueeze(0)  # (B, T, C)
         x = self.emb_dropout(x)
         for block in self.blocks:
             x = block(x, attention_mask)  # (B, T, C)
         x = self.final_norm(x)
-        pooled = masked_mean(x, attention_mask)  # (B, C)
-        if self.config.pool_embeddings:
-            # fastText's bag of (n-gram) embeddings beside the encoder's view: a linear path
-            # from the words to the logits that attention need not learn.
-            pooled = torch.cat([pooled, masked_mean(e, attention_mask)], dim=-1)  # (B, 2C)
+        # Masked mean: padding positions are zeroed and the sum is divided by the real length,
+        # so the pooled vector does not depend on how much padding the batch needed.
+        mask = attention_mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        pooled = (x * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B, C)
         return self.head(self.head_dropout(pooled)).float()  # (B, num_labels)
 
     def num_parameters(self) -> int:

@@ -9,7 +9,7 @@ save_pretrained folder, so transformers and `textserve export` read it as any ot
 
     config.json (id2label/label2id), model.safetensors, tokenizer.json, tokenizer_config.json
     (model_max_length: the max_length trained with), special_tokens_map.json   — transformers'
-    labels.json, metrics.json, test.jsonl, training_curves.png, textserve_run.json  — textserve's
+    metrics.json, test.jsonl, training_curves.png, textserve_run.json  — textserve's
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from textserve.model import train as train_mod
-from textserve.model.checkpoint import CURVES_FILE, LABELS_FILE, METRICS_FILE, TEST_FILE
+from textserve.model.checkpoint import CURVES_FILE, METRICS_FILE, TEST_FILE
 from textserve.model.report import plot_curves
 from textserve.model.train_config import TrainConfig, TrainConfigError
+from textserve.tokenization import Tokenization
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +71,9 @@ def load_source(init_from: str) -> tuple[Any, Any]:
     try:
         config = AutoConfig.from_pretrained(init_from)
     except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TrainConfigError(f"--init-from {init_from} is not a usable model: {first}") from None
+        raise TrainConfigError(
+            f"--init-from {init_from} is not a usable model: {_first_line(exc)}"
+        ) from None
     model_type = getattr(config, "model_type", None)
     if model_type not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
         raise TrainConfigError(
@@ -83,7 +85,7 @@ def load_source(init_from: str) -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(init_from)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise TrainConfigError(
-            f"--init-from {init_from}: cannot load its tokenizer: {exc}"
+            f"--init-from {init_from}: cannot load its tokenizer: {_first_line(exc)}"
         ) from None
     if not getattr(tokenizer, "is_fast", False):
         raise TrainConfigError(
@@ -91,6 +93,11 @@ def load_source(init_from: str) -> tuple[Any, Any]:
             "textserve serves the tokenizers file"
         )
     return config, tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception as one line (transformers' messages run over several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def max_length_for(cfg: TrainConfig, config: Any, tokenizer: Any) -> int:
@@ -108,15 +115,14 @@ def max_length_for(cfg: TrainConfig, config: Any, tokenizer: Any) -> int:
 
 
 def encode(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:
-    """Token ids with the tokenizer's special tokens, cut by the tokenizers library so that they
-    survive truncation ([SEP], </s> stay last), as transformers' truncation=True does."""
-    backend = tokenizer.backend_tokenizer
-    backend.no_padding()
-    backend.enable_truncation(max_length)
-    try:
-        return [e.ids for e in backend.encode_batch(texts)]
-    finally:
-        backend.no_truncation()
+    """Token ids as serving makes them: THE tokenization (textserve.tokenization) on the model's
+    tokenizer.json, special tokens kept on truncation, as transformers' truncation=True does."""
+    from tokenizers import Tokenizer
+
+    # A copy: Tokenization clears the file's padding and truncation settings in place.
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    unk = tokenizer.unk_token_id
+    return Tokenization(backend, max_length, tokenizer.pad_token_id, unk_token_id=unk).encode(texts)
 
 
 def layerwise_groups(
@@ -228,7 +234,7 @@ def finetune(cfg: TrainConfig, device: torch.device, out_dir: Path, t_start: flo
                            "test": len(splits.test)}},
         "train": train_mod.run_settings(cfg),
     }  # fmt: skip
-    _save(out_dir, hf_model, tokenizer, max_length, labels, metrics, run_info, splits.test)
+    _save(out_dir, hf_model, tokenizer, max_length, metrics, run_info, splits.test)
     train_mod.log_summary(metrics, out_dir, t_start)
     return out_dir
 
@@ -238,7 +244,6 @@ def _save(
     hf_model: Any,
     tokenizer: Any,
     max_length: int,
-    labels: list[str],
     metrics: dict[str, Any],
     run_info: dict[str, Any],
     test: Any,
@@ -251,9 +256,9 @@ def _save(
         hf_model.to("cpu").save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.model_max_length = max_length  # the exporter and the server's max_length
         tokenizer.save_pretrained(str(tmp))
-        for name, data in (
-            (LABELS_FILE, labels), (METRICS_FILE, metrics), (RUN_INFO_FILE, run_info),
-        ):  # fmt: skip
+        # No labels.json: `textserve export` takes a folder with one for a from-scratch run; the
+        # labels are config.json's id2label (and textserve_run.json's "labels").
+        for name, data in ((METRICS_FILE, metrics), (RUN_INFO_FILE, run_info)):
             (tmp / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         with open(tmp / TEST_FILE, "w", encoding="utf-8") as fh:
             for text, label in zip(test.texts, test.labels, strict=True):

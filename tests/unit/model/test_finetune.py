@@ -60,7 +60,7 @@ def test_the_run_is_a_save_pretrained_folder_with_the_trained_scores(run: Path) 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     metrics = json.loads((run / "metrics.json").read_text())
-    labels = json.loads((run / "labels.json").read_text())
+    labels = json.loads((run / "textserve_run.json").read_text())["labels"]
     model = AutoModelForSequenceClassification.from_pretrained(run).eval()
     assert model.config.id2label == dict(enumerate(labels))
     assert model.config.label2id == {name: i for i, name in enumerate(labels)}
@@ -86,6 +86,41 @@ def test_the_run_is_a_save_pretrained_folder_with_the_trained_scores(run: Path) 
     assert metrics["test_accuracy"] > 0.5  # it learned (3 labels: chance is 1/3)
     assert metrics["baseline"]["accuracy"] is not None
     assert metrics["architecture"].endswith("ForSequenceClassification")
+
+
+def test_the_run_exports_and_serves_the_trained_scores(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest
+    from textserve.tokenization import Tokenization, load_tokenizer
+
+    repo = tmp_path / "models"
+    argv = ["export", str(run), "--repository", str(repo), "--name", "ft", "--threads", "1",
+            "--test-data", str(run / "test.jsonl")]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    version = repo / "ft" / "1"
+    manifest = Manifest.read(version)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert manifest.source.kind == "huggingface"
+    assert manifest.max_length == metrics["max_length"]
+    # The published graph, fed as the server feeds it, scores the test split as training did ...
+    assert manifest.test_accuracy == pytest.approx(metrics["test_accuracy"])
+    texts = [json.loads(line)["text"] for line in (run / "test.jsonl").read_text().splitlines()]
+    tokenization = Tokenization.for_manifest(load_tokenizer(version / TOKENIZER_FILE), manifest)
+    batch = tokenization.arrays(texts)._asdict()
+    session = ort.InferenceSession(str(version / MODEL_FILE), providers=["CPUExecutionProvider"])
+    (served,) = session.run(None, {name: batch[name] for name in manifest.inputs})
+    # ... and its logits are transformers' on the same texts.
+    model = AutoModelForSequenceClassification.from_pretrained(run).eval()
+    encoded = AutoTokenizer.from_pretrained(run)(
+        texts, truncation=True, max_length=manifest.max_length, padding=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        expected = model(**encoded).logits.numpy()
+    assert abs(served - expected).max() < 1e-4
 
 
 def test_finetuning_is_seeded(run: Path, data: Path, source: Path, tmp_path: Path) -> None:
