@@ -17,12 +17,14 @@ def test_perf_analyzer_drives_http_beside_grpc(
     tiny_repository: Path, tiny_run: Path, tmp_path: Path
 ) -> None:
     ensure_perf_analyzer(TOOLS)  # idempotent; see tests/system/test_perf_analyzer.py
+    # --stability 1000: what is checked is that both protocols run, not how steady a busy
+    # shared machine is (at 100 a window of a loaded CI machine could fail the level)
     status = main(
         [
             *("--repository", str(tiny_repository), "--model", "tiny", "--http"),
             *("--server-args", "--intra-op-threads 1"),
             *("--texts", str(tiny_run / "test.jsonl"), "--num-texts", "50"),
-            *("--concurrency", "1,4", "--request-count", "40", "--stability", "100"),
+            *("--concurrency", "1,4", "--request-count", "40", "--stability", "1000"),
             *("--output", str(tmp_path), "--tools", str(TOOLS), "--level-timeout", "120"),
         ]
     )
