@@ -189,6 +189,11 @@ class ModelHandle:
             self._inactive.clear()
             await self._inactive.wait()
 
+    @property
+    def takes_pairs(self) -> bool:
+        """Whether the tokenizer has a pair template (sentence pairs are refused otherwise)."""
+        return self.runner.tokenization.takes_pairs
+
     def stats(self) -> BatchStats:
         return self.batcher.snapshot()
 
@@ -454,7 +459,7 @@ class ModelHandle:
                 f"{len(pairs)} text pairs for {len(texts)} texts; send one text_pair per text, "
                 "or none"
             )
-        if not self.runner.tokenization.takes_pairs:
+        if not self.takes_pairs:
             raise ValidationError(
                 f"model {self.name!r} takes no sentence pairs: its tokenizer has no pair "
                 "template (the two texts would run together as one)"

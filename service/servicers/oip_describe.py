@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from textserve.oip import grpc_service_pb2 as pb
 from textserve.oip import model_config_pb2 as mc
 from textserve.service.metrics import Metrics
-from textserve.service.servicers.oip_codec import INPUT_NAME
+from textserve.service.servicers.oip_codec import INPUT_NAME, PAIR_INPUT_NAME
 
 __all__ = ["BACKEND", "PLATFORM", "model_config", "model_metadata", "model_statistics"]
 
@@ -40,16 +40,21 @@ class ModelLike(Protocol):
     def labels(self) -> Sequence[str]: ...
 
 
-def _tensors(num_labels: int) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
-    """(name, OIP datatype, size of the one dimension after the batch) for inputs and outputs."""
+def _tensors(
+    num_labels: int, pairs: bool = False
+) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+    """(name, OIP datatype, size of the one dimension after the batch) for inputs and outputs;
+    `pairs`: the model takes sentence pairs (the optional TEXT_PAIR input)."""
     inputs = [(INPUT_NAME, "BYTES", 1)]
+    if pairs:
+        inputs.append((PAIR_INPUT_NAME, "BYTES", 1))
     outputs = [("LABEL", "BYTES", 1), ("SCORE", "FP32", 1), ("PROBABILITIES", "FP32", num_labels)]
     return inputs, outputs
 
 
 def model_metadata(handle: ModelLike, versions: Iterable[int]) -> pb.ModelMetadataResponse:
     """The OIP metadata of ``handle``'s model; ``versions`` are the ones it can serve."""
-    inputs, outputs = _tensors(len(handle.labels))
+    inputs, outputs = _tensors(len(handle.labels), _takes_pairs(handle))
 
     def describe(tensors: list[tuple[str, str, int]]) -> list[Any]:
         return [
@@ -69,6 +74,11 @@ def model_metadata(handle: ModelLike, versions: Iterable[int]) -> pb.ModelMetada
 _DATA_TYPES = {"BYTES": mc.TYPE_STRING, "FP32": mc.TYPE_FP32}
 
 
+def _takes_pairs(handle: ModelLike) -> bool:
+    """Whether the model takes sentence pairs (a ModelHandle says; other handles: no)."""
+    return bool(getattr(handle, "takes_pairs", False))
+
+
 def model_config(
     handle: ModelLike, *, max_batch_size: int, batcher_max_batch_size: int, max_queue_delay: float
 ) -> pb.ModelConfigResponse:
@@ -78,13 +88,16 @@ def model_config(
     preferred batch size is the size it fills batches up to, and its queue delay is the
     longest a text waits for a batch to fill (seconds).
     """
-    inputs, outputs = _tensors(len(handle.labels))
+    inputs, outputs = _tensors(len(handle.labels), _takes_pairs(handle))
     config = mc.ModelConfig(
         name=handle.name,
         platform=PLATFORM,
         backend=BACKEND,
         max_batch_size=max_batch_size,
-        input=[mc.ModelInput(name=n, data_type=_DATA_TYPES[t], dims=[d]) for n, t, d in inputs],
+        input=[
+            mc.ModelInput(name=n, data_type=_DATA_TYPES[t], dims=[d], optional=n == PAIR_INPUT_NAME)
+            for n, t, d in inputs
+        ],
         output=[mc.ModelOutput(name=n, data_type=_DATA_TYPES[t], dims=[d]) for n, t, d in outputs],
         dynamic_batching=mc.ModelDynamicBatching(
             preferred_batch_size=[batcher_max_batch_size],

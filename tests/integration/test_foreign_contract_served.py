@@ -342,3 +342,13 @@ def test_the_client_library_sends_pairs_and_a_threshold(server: RunningServer) -
         assert [p.labels_over_threshold for p in multi.predictions] == [
             [label for label, s in zip(MULTI, row, strict=True) if s >= 0.95] for row in expected
         ]
+
+
+def test_oip_metadata_lists_text_pair_for_a_model_that_takes_pairs(server: RunningServer) -> None:
+    stub = oip_grpc.GRPCInferenceServiceStub(server.channel())
+    nli = stub.ModelMetadata(oip.ModelMetadataRequest(name="nli"), timeout=30)
+    assert [t.name for t in nli.inputs] == ["TEXT", "TEXT_PAIR"]
+    plain = stub.ModelMetadata(oip.ModelMetadataRequest(name="plain"), timeout=30)
+    assert [t.name for t in plain.inputs] == ["TEXT"]
+    config = stub.ModelConfig(oip.ModelConfigRequest(name="nli"), timeout=30).config
+    assert [(i.name, i.optional) for i in config.input] == [("TEXT", False), ("TEXT_PAIR", True)]
