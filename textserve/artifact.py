@@ -8,8 +8,12 @@ is read safely:
     version = parse_version("12")                  # 12; None for "012", "²", "99999999999999999999"
     for version, path in iter_versions(Path("models/m")): ...    # every version folder, ascending
     manifest, files = read_version(Path("models/m/12"))   # files: {"model.onnx": b"...", ...}
+    manifest, files, model = open_version(Path("models/m/12"))  # model.onnx open, not read
 
 `read_version` hands back the very bytes it hashed, so what is verified is what is loaded.
+`open_version` (the server's) hashes model.onnx while streaming it and hands back the open file:
+onnxruntime reads it through that descriptor, and `model.unchanged()` refuses a file written to
+since, so a multi-GiB model is never held twice (once in Python, once in onnxruntime).
 """
 
 from __future__ import annotations
@@ -275,6 +279,25 @@ def read_version(version_dir: Path) -> tuple[Manifest, dict[str, bytes]]:
         return manifest, directory.files(manifest)
 
 
+def open_version(version_dir: Path) -> tuple[Manifest, dict[str, bytes], VerifiedFile]:
+    """As read_version, except model.onnx: hashed while streamed and handed back open
+    (VerifiedFile), so that loading it costs no copy of the file in memory. The caller closes
+    it. The other files' bytes as read_version's."""
+    with _VersionDir(Path(version_dir)) as directory:
+        manifest = directory.manifest()
+        model = directory.verified(MODEL_FILE, manifest.sha256[MODEL_FILE])
+        try:
+            files = {
+                fname: directory.checked(fname, manifest)
+                for fname in CONTRACT_FILES
+                if fname != MODEL_FILE
+            }
+        except BaseException:
+            model.close()
+            raise
+        return manifest, files, model
+
+
 class _VersionDir:
     """A version directory opened once, its files opened relative to it: a path swapped for a
     symbolic link between a check and the read cannot lead outside."""
@@ -309,20 +332,22 @@ class _VersionDir:
         return Manifest.from_dict(data, str(where))
 
     def files(self, manifest: Manifest) -> dict[str, bytes]:
-        found = {}
-        for fname in CONTRACT_FILES:  # the schema allows exactly these keys, no paths
-            data = self.read(fname)
-            actual = hashlib.sha256(data).hexdigest()
-            expected = manifest.sha256[fname]
-            if actual != expected:
-                raise ChecksumError(
-                    f"{fname} sha256 {actual[:12]}… does not match the manifest's {expected[:12]}…"
-                )
-            found[fname] = data
-        return found
+        # the schema allows exactly these keys, no paths
+        return {fname: self.checked(fname, manifest) for fname in CONTRACT_FILES}
 
-    def read(self, fname: str) -> bytes:
-        """The whole of `fname`, a regular file of this directory no larger than its cap."""
+    def checked(self, fname: str, manifest: Manifest) -> bytes:
+        """The bytes of `fname`, with the sha256 the manifest records (ChecksumError if not)."""
+        data = self.read(fname)
+        actual = hashlib.sha256(data).hexdigest()
+        expected = manifest.sha256[fname]
+        if actual != expected:
+            raise ChecksumError(
+                f"{fname} sha256 {actual[:12]}… does not match the manifest's {expected[:12]}…"
+            )
+        return data
+
+    def _open(self, fname: str) -> tuple[int, os.stat_result]:
+        """`fname` opened: a regular file of this directory no larger than its cap."""
         where = self.path / fname
         cap = MAX_FILE_BYTES[fname]
         # O_NOFOLLOW: a symbolic link is refused, wherever it points. O_NONBLOCK: opening a FIFO
@@ -349,6 +374,16 @@ class _VersionDir:
                 raise UnsafeFileError(
                     f"{where} is {info.st_size} bytes, over the {cap}-byte cap for {fname}"
                 )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, info
+
+    def read(self, fname: str) -> bytes:
+        """The whole of `fname`, a regular file of this directory no larger than its cap."""
+        where = self.path / fname
+        fd, info = self._open(fname)
+        try:
             # One byte more than fstat said: a file still growing is noticed, not cut short.
             want, chunks, got = info.st_size + 1, [], 0
             while got < want and (block := os.read(fd, want - got)):
@@ -361,6 +396,71 @@ class _VersionDir:
         if got != info.st_size:
             raise ManifestError(f"{where} changed while it was read; it is tried again later")
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def verified(self, fname: str, expected: str) -> VerifiedFile:
+        """`fname` open, its sha256 computed while streaming it in 1 MiB blocks (never the
+        whole file in memory) and equal to `expected`; ChecksumError otherwise."""
+        where = self.path / fname
+        fd, info = self._open(fname)
+        try:
+            digest, got = hashlib.sha256(), 0
+            while block := os.pread(fd, 1 << 20, got):
+                digest.update(block)
+                got += len(block)
+            if got != info.st_size:
+                raise ManifestError(f"{where} changed while it was read; it is tried again later")
+            actual = digest.hexdigest()
+            if actual != expected:
+                raise ChecksumError(
+                    f"{fname} sha256 {actual[:12]}… does not match the manifest's {expected[:12]}…"
+                )
+        except OSError as exc:
+            os.close(fd)
+            raise ManifestError(f"{where} cannot be read: {exc.strerror or exc}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return VerifiedFile(fd, where, _identity(info))
+
+
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    # any write changes mtime and ctime (utime can reset mtime, never ctime); a new inode, the size
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+class VerifiedFile:
+    """An open file whose bytes matched the manifest's sha256. A loader reads it through
+    `path` — the open descriptor (/proc/self/fd/N: the same file, no name looked up again) —
+    while it is open, then calls `unchanged()`: a file written to after it was hashed is refused.
+    So a large model.onnx is never held in memory by the check: onnxruntime reads it once.
+    Close it (or use it in a `with` block) when the load is done."""
+
+    def __init__(self, fd: int, where: Path, identity: tuple[int, ...]) -> None:
+        self.fd = fd
+        self.where = where
+        self._identity = identity
+
+    @property
+    def path(self) -> Path:
+        return Path(f"/proc/self/fd/{self.fd}")
+
+    def unchanged(self) -> None:
+        """ManifestError unless the file is still the one that was hashed."""
+        if _identity(os.fstat(self.fd)) != self._identity:
+            raise ManifestError(
+                f"{self.where} changed while it was loaded; it is tried again later"
+            )
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> VerifiedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def validate_manifest(data: Any, source: str = MANIFEST_FILE) -> None:

@@ -3,8 +3,10 @@
 Every check a published version must pass before it may serve, in order: the manifest (a
 regular file within its size cap, valid by the schema, for this name and version), the files
 it names (regular files of the version directory within their caps, sha256 as recorded), the
-tokenizer, the onnxruntime session and its graph contract, then a warm-up. The tokenizer and
-the session are built from the bytes that were hashed, never from the paths again. A refusal is
+tokenizer, the onnxruntime session and its graph contract, then a warm-up. The tokenizer is
+built from the bytes that were hashed; onnxruntime reads model.onnx from the very descriptor
+that was hashed (never its path again) and the file is refused if it changed meanwhile, so a
+large model costs no copy of itself in memory (textserve.artifact.open_version). A refusal is
 a `LoadError` whose `reason` is a label value of textserve_model_load_failures_total.
 Blocking: the repository runs it on an executor thread while the serving version goes on.
 """
@@ -24,7 +26,7 @@ from textserve.artifact import (
     MissingFileError,
     UnsafeFileError,
     identity,
-    read_version,
+    open_version,
 )
 from textserve.service.config import ServerConfig
 from textserve.tokenization import TokenizationError
@@ -88,7 +90,7 @@ def load_version_dir(
     from textserve.service.engine.runtime import ContractError, DeviceUnavailableError, Session
 
     try:
-        manifest, files = read_version(path)
+        manifest, files, model = open_version(path)
     except MissingFileError as exc:
         raise LoadError(str(exc), _MISSING_REASONS.get(exc.file, "invalid_manifest")) from None
     except UnsafeFileError as exc:
@@ -97,30 +99,34 @@ def load_version_dir(
         raise LoadError(f"{path}: {exc}", "checksum_mismatch") from None
     except ManifestError as exc:
         raise LoadError(str(exc), "invalid_manifest") from None
-    if (manifest.name, manifest.version) != identity(path):
-        raise LoadError(
-            f"{path}/manifest.json says {manifest.name[:64]} version {manifest.version}",
-            "invalid_manifest",
-        )
-    try:
-        tokenizer = Tokenizer.from_buffer(files[TOKENIZER_FILE])
-    except Exception as exc:
-        raise LoadError(
-            f"{path}/{TOKENIZER_FILE} is not a tokenizers file: {exc}", "tokenizer_error"
-        ) from None
-    try:
-        session = Session(
-            files.pop(MODEL_FILE),
-            config.runtime,
-            source=path / MODEL_FILE,
-            inputs=manifest.inputs,
-        )
-    except DeviceUnavailableError:
-        raise
-    except ContractError as exc:
-        raise LoadError(str(exc), "contract_mismatch") from None
-    except Exception as exc:
-        raise LoadError(f"{path}: {exc}", "session_error") from None
+    with model:  # the verified descriptor, closed once onnxruntime has read it
+        if (manifest.name, manifest.version) != identity(path):
+            raise LoadError(
+                f"{path}/manifest.json says {manifest.name[:64]} version {manifest.version}",
+                "invalid_manifest",
+            )
+        try:
+            tokenizer = Tokenizer.from_buffer(files[TOKENIZER_FILE])
+        except Exception as exc:
+            raise LoadError(
+                f"{path}/{TOKENIZER_FILE} is not a tokenizers file: {exc}", "tokenizer_error"
+            ) from None
+        try:
+            session = Session(
+                model.path,
+                config.runtime,
+                source=path / MODEL_FILE,
+                inputs=manifest.inputs,
+            )
+            model.unchanged()  # what onnxruntime read is what was hashed
+        except DeviceUnavailableError:
+            raise
+        except ContractError as exc:
+            raise LoadError(str(exc), "contract_mismatch") from None
+        except ManifestError as exc:  # changed while it was loaded: tried again later
+            raise LoadError(str(exc), "checksum_mismatch") from None
+        except Exception as exc:
+            raise LoadError(f"{path}: {exc}", "session_error") from None
     try:
         handle = ModelHandle(
             manifest,
