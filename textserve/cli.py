@@ -42,8 +42,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "export": Command(
         "textserve.export.cli",
-        "export a training run to ONNX, checked, as the next version of a model",
-        "textserve export runs/reviews --repository models --name reviews --quantize int8",
+        "export a run or a Hugging Face folder to ONNX, checked, as a model's next version",
+        "textserve export runs/reviews --repository models --name reviews --quantize int8\n"
+        "  textserve export my-finetuned-bert --repository models --name bert",
     ),
     "serve": Command(
         "textserve.service.cli",
