@@ -352,3 +352,20 @@ def test_oip_metadata_lists_text_pair_for_a_model_that_takes_pairs(server: Runni
     assert [t.name for t in plain.inputs] == ["TEXT"]
     config = stub.ModelConfig(oip.ModelConfigRequest(name="nli"), timeout=30).config
     assert [(i.name, i.optional) for i in config.input] == [("TEXT", False), ("TEXT_PAIR", True)]
+
+
+def test_classify_stream_takes_pairs_and_thresholds(stub: pb_grpc.ClassifierStub) -> None:
+    requests_ = [
+        pb.ClassifyRequest(id="p", model="nli", texts=TEXTS, text_pairs=PAIRS, all_scores=True),
+        pb.ClassifyRequest(id="t", model="multi", texts=TEXTS, threshold=0.95),
+        pb.ClassifyRequest(id="bad", model="nli", texts=TEXTS, threshold=0.5),
+    ]
+    answers = {r.id: r for r in stub.ClassifyStream(iter(requests_), timeout=30)}
+    scores = [list(r.scores) for r in answers["p"].results]
+    np.testing.assert_allclose(scores, softmax(reference_logits(2, 3, TEXTS, PAIRS)), atol=1e-5)
+    assert [list(r.labels_over_threshold) for r in answers["t"].results] == [
+        [label for label, s in zip(MULTI, row, strict=True) if s >= 0.95]
+        for row in sigmoid(reference_logits(3, 1, TEXTS))
+    ]
+    assert answers["bad"].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "'nli' is softmax" in answers["bad"].error.message
