@@ -214,6 +214,25 @@ def test_max_length_truncation_side_and_test_data(
     assert f"published {tmp_path}/r/1: fp32" in out
 
 
+def test_padding_and_truncation_baked_into_tokenizer_json_are_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a tokenizer.json saved after a padding="max_length" call pads every text to 64 (a mask of
+    # ones over the pads would silently change every score) and cuts at 8
+    tokenizer, names = foreign.tokenizer_for("bert")
+    tokenizer.enable_padding(length=foreign.MAX_LENGTH, pad_id=0, pad_token="[PAD]")
+    tokenizer.enable_truncation(max_length=8)
+    folder = foreign.build("bert", tmp_path / "baked", num_labels=2, tokenizer=(tokenizer, names))
+    assert '"padding": {' in (folder / "tokenizer.json").read_text()
+    code, _, err = export([str(folder), "--repository", str(tmp_path / "m"), "--name", "b"], capsys)
+    assert code == 0, err  # tokenization and served-score parity held
+    scores = served_scores(tmp_path / "m" / "b" / "1", ["a film", "the story " * 100])
+    want = pipeline_scores(
+        folder, ["a film", "the story " * 100], ["LABEL_0", "LABEL_1"], "softmax"
+    )
+    assert np.abs(scores - want).max() <= 1e-4
+
+
 def test_pytorch_model_bin(
     folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
