@@ -135,10 +135,12 @@ def test_multiprocess_metrics_sum_counters_and_queue_depth_and_drop_retired_vers
         metrics.set_model_info("m", 2, "CPUExecutionProvider")  # version 1 retired
         metrics.observe_request("Classify", "m", "OK", 0.01)
         metrics.for_model("m").on_queue_depth(3)
+        metrics.for_model("m").on_inflight(5)  # the autoscaling signal: summed too
     registry = server_registry(str(tmp_path), lambda: [])
     get = registry.get_sample_value
     assert get("textserve_requests_total", {"method": "Classify", "model": "m"}) == 2
     assert get("textserve_queue_depth", {"model": "m"}) == 6
+    assert get("textserve_inflight_texts", {"model": "m"}) == 10
     info = {"model": "m", "provider": "CPUExecutionProvider", "precision": "fp32"}
     assert get("textserve_model_info", {**info, "version": "2"}) == 1
     assert get("textserve_model_info", {**info, "version": "1"}) is None
