@@ -119,11 +119,10 @@ def _cache_size(value: str) -> CacheSize | None:
         raise CliError(f"--cache-size (TEXTSERVE_CACHE_SIZE): {exc}") from None
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_serving_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the models are, which one is the default, the gRPC address."""
     flag = functools.partial(env_flag, parser, "TEXTSERVE_")
-    # The one source of defaults: the config dataclasses (flags only spell them as text).
-    server, batcher, runtime = ServerConfig(), BatcherConfig(), RuntimeConfig()
-
+    server = ServerConfig()
     flag(
         "repository",
         str(server.repository),
@@ -131,6 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     flag("model", None, "the default model (default: the only model in the repository)")
     flag("listen", server.listen, "gRPC address HOST:PORT; port 0 picks a free one")
+
+
+def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server processes (--workers and their supervision), the ready file, the device."""
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
+    server, runtime = ServerConfig(), RuntimeConfig()
     flag(
         "workers",
         "auto",
@@ -157,6 +162,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "auto: CUDA when available else CPU; cpu; cuda (fails without CUDA)",
         choices=DEVICES,
     )
+
+
+def _add_http_arguments(parser: argparse.ArgumentParser) -> None:
+    """The HTTP port: REST front ends, probes and /metrics."""
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
+    server = ServerConfig()
     flag(
         "http-port",
         _text(server.metrics_port),
@@ -184,6 +195,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "open HTTP connections at most; past it new ones are closed at once",
         type=int,
     )
+
+
+def _add_batching_arguments(parser: argparse.ArgumentParser) -> None:
+    """How texts are gathered into batches, and how many may wait."""
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
+    batcher = BatcherConfig()
     gpu = batcher_defaults(cuda=True)
     flag(
         "max-batch-size",
@@ -217,6 +234,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "texts waiting per model before requests are refused",
         type=int,
     )
+
+
+def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one request or stream may carry."""
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
+    server = ServerConfig()
     flag(
         "max-texts-per-request",
         _text(server.max_texts_per_request),
@@ -237,6 +260,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "largest request message in bytes; larger ones get RESOURCE_EXHAUSTED",
         type=int,
     )
+
+
+def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """TLS, mutual TLS and bearer tokens."""
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
     flag("tls-cert", None, "PEM certificate (chain) of the server: serve TLS (with --tls-key)")
     flag("tls-key", None, "PEM private key of --tls-cert")
     flag("tls-client-ca", None, "PEM CA bundle: mutual TLS, clients need a certificate it signed")
@@ -246,6 +274,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "require 'authorization: Bearer <token>': tokens, one per line "
         "(health and reflection stay open)",
     )
+
+
+def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
+    """onnxruntime's threads, then the CUDA provider's options."""
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
+    runtime = RuntimeConfig()
     flag(
         "intra-op-threads",
         _text(runtime.intra_op_threads),
@@ -265,6 +299,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
     )
     _add_cuda_arguments(parser)
+
+
+def _add_lifecycle_arguments(parser: argparse.ArgumentParser) -> None:
+    """Shutdown grace, repository watching, version policies, response caches."""
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
+    server = ServerConfig()
     flag(
         "grace-period",
         _text(server.grace_period),
@@ -290,6 +330,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "each model's response cache: a repeated text is answered without inference; "
         "a size such as 64MiB or 10000entries (a model's serving.json may set its own)",
     )
+
+
+def _add_observability_arguments(parser: argparse.ArgumentParser) -> None:
+    """Tracing and the access log."""
+    flag = functools.partial(env_flag, parser, "TEXTSERVE_")
+    server = ServerConfig()
     flag(
         "otlp-endpoint",
         None,
@@ -321,6 +367,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="put the request's texts in the access log: a PRIVACY RISK (user text ends up "
         "wherever the logs go) [TEXTSERVE_LOG_TEXTS=1]",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every `serve` flag, group by group, in the order --help lists them."""
+    # Each group takes its defaults from the config dataclasses, the one source of them
+    # (flags only spell them as text).
+    _add_serving_arguments(parser)
+    _add_process_arguments(parser)
+    _add_http_arguments(parser)
+    _add_batching_arguments(parser)
+    _add_request_arguments(parser)
+    _add_security_arguments(parser)
+    _add_runtime_arguments(parser)
+    _add_lifecycle_arguments(parser)
+    _add_observability_arguments(parser)
     parser.add_argument(
         "--enable-admin",
         action="store_true",
