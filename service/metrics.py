@@ -22,24 +22,41 @@ model names the server loaded: a request naming an unknown model is counted unde
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from collections.abc import Sequence
-from socketserver import ThreadingMixIn
-from types import TracebackType
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    make_wsgi_app,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+
+# The label sets, buckets and the HTTP endpoint live in modules of their own; every name is
+# re-exported here, the one import path of the server's metrics.
+from textserve.service.metric_labels import (
+    BATCH_SIZE_BUCKETS,
+    BATCH_TOKEN_BUCKETS,
+    CODES,
+    CONFIDENCE_BUCKETS,
+    FAILURE_REASONS,
+    LATENCY_BUCKETS,
+    LOAD_FAILURE_REASONS,
+    METHODS,
+    PADDING_RATIO_BUCKETS,
+    SPAN_DROP_REASONS,
+    UNKNOWN_MODEL,
+    padding_ratio,
+    reason_for_code,
+)
+from textserve.service.metrics_server import (
+    DRAINING,
+    NO_MODEL,
+    READY_STATES,
+    SERVING,
+    WARMING,
+    MetricsServer,
+    start_metrics_server,
+)
 
 __all__ = [
     "BATCH_SIZE_BUCKETS",
@@ -66,163 +83,6 @@ __all__ = [
     "reason_for_code",
     "start_metrics_server",
 ]
-
-# The RPCs that are measured: the label `method` takes exactly these values.
-# HttpClassify (POST /v1/classify) and HttpInfer (KServe v2 REST infer) are the HTTP front
-# end's (service/http/routes.py).
-METHODS: tuple[str, ...] = ("Classify", "ClassifyStream", "ModelInfer", "HttpClassify", "HttpInfer")
-
-# gRPC status code names (grpc.StatusCode.X.name); the label `code` takes exactly these values.
-CODES: tuple[str, ...] = (
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-)
-
-# Why a request failed: the label `reason` of textserve_request_failures_total.
-FAILURE_REASONS: tuple[str, ...] = (
-    "invalid_argument",  # bad input: empty text, over-long text with truncate=false, bad tensor
-    "not_found",  # no such model or version
-    "resource_exhausted",  # the queue was full (back-pressure)
-    "deadline_exceeded",  # the caller's deadline passed before the result was ready
-    "cancelled",  # the caller went away
-    "unavailable",  # not ready yet, or draining for shutdown
-    "unauthenticated",  # missing or wrong credentials
-    "permission_denied",  # credentials valid but not allowed (e.g. admin RPCs)
-    "failed_precondition",  # the request is valid but the model's state forbids it
-    "unimplemented",  # an RPC or feature the server does not offer
-    "internal",  # a bug or a runtime failure (UNKNOWN, INTERNAL, DATA_LOSS)
-    "other",  # any other non-OK code
-)
-
-# Why a model version failed to load: the label `reason` of textserve_model_load_failures_total.
-LOAD_FAILURE_REASONS: tuple[str, ...] = (
-    "invalid_manifest",  # manifest.json missing fields or unreadable
-    "checksum_mismatch",  # model.onnx does not match the sha256 in the manifest
-    "session_error",  # onnxruntime could not load model.onnx (missing, not ONNX, bad graph...)
-    # model.onnx inputs/outputs have the wrong names, types or ranks, or the model does not fit
-    # its tokenizer and manifest (vocabulary, max_length, labels, pad id: ModelHandle.check)
-    "contract_mismatch",
-    "tokenizer_error",  # tokenizer.json missing or not a loadable tokenizers file
-    "warmup_error",  # the warm-up inference failed (or gave wrong-shaped or non-finite logits)
-    "unsafe_file",  # a symbolic link, not a regular file, or over its size cap: not read
-    "other",  # anything else, including errors nobody foresaw (the reason says which)
-)
-
-# The model label of requests that named a model the server never loaded.
-UNKNOWN_MODEL = "_unknown"
-
-_REASON_BY_CODE: dict[str, str] = {
-    "CANCELLED": "cancelled",
-    "UNKNOWN": "internal",
-    "INVALID_ARGUMENT": "invalid_argument",
-    "OUT_OF_RANGE": "invalid_argument",
-    "DEADLINE_EXCEEDED": "deadline_exceeded",
-    "NOT_FOUND": "not_found",
-    "PERMISSION_DENIED": "permission_denied",
-    "RESOURCE_EXHAUSTED": "resource_exhausted",
-    "FAILED_PRECONDITION": "failed_precondition",
-    "UNIMPLEMENTED": "unimplemented",
-    "INTERNAL": "internal",
-    "DATA_LOSS": "internal",
-    "UNAVAILABLE": "unavailable",
-    "UNAUTHENTICATED": "unauthenticated",
-}
-
-
-def _decades(
-    low_exponent: int, high_exponent: int, mantissas: Sequence[float]
-) -> tuple[float, ...]:
-    bounds = [round(m * 10.0**e, 6) for e in range(low_exponent, high_exponent) for m in mantissas]
-    return (*bounds, round(10.0**high_exponent, 6))
-
-
-# 100 µs … 10 s, nine bounds a decade (at most 50 % apart) so that p50/p95/p99 from
-# histogram_quantile are within a few per cent across the whole range; 46 buckets.
-LATENCY_BUCKETS: tuple[float, ...] = _decades(-4, 1, (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8))
-# Items per batch: 1 … 1024.
-BATCH_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(11))
-# Padded tokens per batch (items × longest item): 1 … 65536.
-BATCH_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(17))
-# Fraction of a batch's tokens that are padding; the 0 bucket counts batches without any.
-PADDING_RATIO_BUCKETS: tuple[float, ...] = (
-    0.0,
-    0.05,
-    0.1,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.6,
-    0.7,
-    0.8,
-    0.9,
-    1.0,
-)
-
-
-# The winning (highest) probability of a prediction: fine near 1, where a confident model
-# lives and where a drift of confidence shows first.
-CONFIDENCE_BUCKETS: tuple[float, ...] = (
-    0.1,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.6,
-    0.7,
-    0.8,
-    0.85,
-    0.9,
-    0.95,
-    0.98,
-    0.99,
-    0.999,
-    1.0,
-)
-# Why finished spans never reached the OTLP endpoint: the label `reason` of
-# textserve_trace_spans_dropped_total.
-SPAN_DROP_REASONS: tuple[str, ...] = (
-    "export_failed",  # the endpoint refused them or could not be reached in time
-    "queue_full",  # the exporter's queue was full (the endpoint is slower than the traffic)
-)
-
-
-def reason_for_code(code: str) -> str:
-    """The failure reason for a gRPC status code name: ``reason_for_code("NOT_FOUND")``."""
-    if code not in CODES:
-        raise ValueError(f"unknown gRPC status code name {code!r}; expected one of {CODES}")
-    if code == "OK":
-        raise ValueError("OK is not a failure")
-    return _REASON_BY_CODE.get(code, "other")
-
-
-def padding_ratio(lengths: Sequence[int], padded_length: int | None = None) -> float:
-    """Padded tokens wasted / all tokens of a batch: ``padding_ratio([3, 5]) == 0.2``.
-
-    ``padded_length`` defaults to the longest item (padding to the longest in the batch).
-    """
-    if not lengths:
-        return 0.0
-    width = max(lengths) if padded_length is None else padded_length
-    if width < max(lengths) or min(lengths) < 0:
-        raise ValueError(f"padded length {width} is shorter than an item of {lengths}")
-    total = len(lengths) * width
-    return 0.0 if total == 0 else 1.0 - sum(lengths) / total
 
 
 def _default_registry() -> CollectorRegistry:
@@ -251,6 +111,22 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = _default_registry() if registry is None else registry
         r = self.registry
+        self._add_time_metrics(r)
+        self._add_batch_metrics(r)
+        self._add_request_metrics(r)
+        self._add_observability_metrics(r)
+        self._add_cache_metrics(r)
+        self._lock = threading.Lock()
+        self._models: set[str] = set()
+        self._info: dict[str, tuple[str, str, str]] = {}
+        # (method, model, code) -> the labelled children observe_request updates: labels() costs
+        # more than an observation, and this runs once per request. Emptied whenever the set
+        # of models changes.
+        self._request_children: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
+
+    def _add_time_metrics(self, r: CollectorRegistry) -> None:
+        """The latency histograms: a request's whole time, then its stages (queue wait,
+        tokenization, one onnxruntime run)."""
         self.request_duration = Histogram(
             "textserve_request_duration_seconds",
             "Time from receiving a request to sending its response, by RPC and status code",
@@ -279,6 +155,9 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _add_batch_metrics(self, r: CollectorRegistry) -> None:
+        """What the batches hold (texts, tokens, padding) and what waits for one."""
         self.batch_size = Histogram(
             "textserve_batch_size",
             "Items (texts) per batch sent to the model",
@@ -314,6 +193,9 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
+        """Requests and their failures, the versions served and those that failed to load."""
         self.requests = Counter(
             "textserve_requests",
             "Requests received, by RPC (a stream counts each message)",
@@ -342,6 +224,9 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+
+    def _add_observability_metrics(self, r: CollectorRegistry) -> None:
+        """What the model predicts, and what tracing and the access log dropped."""
         # Observability (issue 17): what the model predicts, and what tracing and the access
         # log had to drop rather than slow requests down.
         self.predictions = Counter(
@@ -370,14 +255,6 @@ class Metrics:
         )
         for reason in SPAN_DROP_REASONS:
             self.trace_spans_dropped.labels(reason)
-        self._add_cache_metrics(r)
-        self._lock = threading.Lock()
-        self._models: set[str] = set()
-        self._info: dict[str, tuple[str, str, str]] = {}
-        # (method, model, code) -> the labelled children observe_request updates: labels() costs
-        # more than an observation, and this runs once per request. Emptied whenever the set
-        # of models changes.
-        self._request_children: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
 
     # -- models --------------------------------------------------------------------------
 
@@ -617,112 +494,3 @@ class PredictionMetrics:
         observe = self._confidence.observe
         for confidence in confidences:
             observe(confidence)
-
-
-# The states /readyz reports, the same as grpc.health.v1's: only SERVING answers 200.
-WARMING = "warming"  # listening, models loading and warming up: NOT_SERVING
-SERVING = "serving"
-NO_MODEL = "no model"  # every model unloaded or removed: NOT_SERVING (Admin stays up)
-DRAINING = "draining"  # SIGTERM received: NOT_SERVING while in-flight work finishes
-READY_STATES = (WARMING, SERVING, NO_MODEL, DRAINING)
-
-
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a slow scraper never holds the process at exit
-
-
-class _IPv6Server(_ThreadingWSGIServer):
-    address_family = socket.AF_INET6
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # probes every few seconds would flood the log
-
-
-class MetricsServer:
-    """The HTTP endpoint on a daemon thread: /metrics (the registry), /healthz (live: 200 while
-    the process serves HTTP, draining included) and /readyz (200 only while the server is
-    SERVING; 503 with the state while warming, draining or without a model). /readyz follows
-    the same state as grpc.health.v1, for probes that cannot speak gRPC (Knative, HTTP load
-    balancers)."""
-
-    def __init__(self, httpd: WSGIServer, thread: threading.Thread) -> None:
-        self._httpd = httpd
-        self._thread = thread
-        self.port: int = httpd.server_port
-        self.state: str = WARMING
-
-    def set_state(self, state: str) -> None:
-        """What /readyz reports: one of READY_STATES."""
-        if state not in READY_STATES:
-            raise ValueError(f"unknown readiness state {state!r}; expected one of {READY_STATES}")
-        self.state = state  # one reference assignment: the HTTP threads read it as is
-
-    def app(self, metrics_app: Any) -> Any:
-        """The WSGI app: the health paths, else prometheus-client's /metrics app."""
-
-        def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
-            path = environ.get("PATH_INFO", "")
-            if path == "/healthz":
-                return _text(start_response, "200 OK", "ok")
-            if path == "/readyz":
-                state = self.state
-                status = "200 OK" if state == SERVING else "503 Service Unavailable"
-                return _text(start_response, status, state)
-            return metrics_app(environ, start_response)
-
-        return wsgi
-
-    def close(self) -> None:
-        """Stop serving and release the port (idempotent)."""
-        if self._thread.is_alive():
-            self._httpd.shutdown()
-            self._thread.join(timeout=5)
-        self._httpd.server_close()
-
-    def __enter__(self) -> MetricsServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-def _text(start_response: Any, status: str, body: str) -> list[bytes]:
-    data = (body + "\n").encode()
-    start_response(
-        status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))]
-    )
-    return [data]
-
-
-def start_metrics_server(
-    port: int, addr: str, registry: CollectorRegistry
-) -> tuple[MetricsServer, int]:
-    """Serve ``registry`` at /metrics, and /healthz and /readyz, over HTTP on ``addr:port``
-    (port 0: any free one); returns the bound port. Readiness starts as WARMING.
-
-    ``server, port = start_metrics_server(0, "127.0.0.1", metrics.registry)``;
-    ``server.set_state(SERVING)``; ``server.close()``.
-    """
-    if not 0 <= port <= 65535:
-        raise ValueError(f"metrics port must be within 0-65535, got {port}")
-    server_class = _IPv6Server if ":" in addr else _ThreadingWSGIServer
-    try:
-        httpd = make_server(addr, port, _not_yet, server_class, handler_class=_QuietHandler)
-    except OSError as exc:
-        raise OSError(exc.errno, f"cannot serve metrics on {addr}:{port}: {exc.strerror}") from exc
-    thread = threading.Thread(target=httpd.serve_forever, name="textserve-metrics", daemon=True)
-    server = MetricsServer(httpd, thread)
-    httpd.set_app(server.app(make_wsgi_app(registry)))
-    thread.start()
-    return server, httpd.server_port
-
-
-def _not_yet(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-    return _text(start_response, "503 Service Unavailable", "starting")
