@@ -42,8 +42,8 @@ def _floats(value: str) -> tuple[float, ...]:
     return items
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    target = parser.add_argument_group("what to measure")
+def _add_target_arguments(target: argparse._ArgumentGroup) -> None:
+    """What to measure: the server (started here or running), its model and API."""
     target.add_argument(
         "--repository", type=Path, default=Path("models"), help="model repository (default: models)"
     )
@@ -68,7 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="onnxruntime threads, server and in-process (0: the usable CPUs)",
     )
-    load = parser.add_argument_group("load")
+
+
+def _add_load_arguments(load: argparse._ArgumentGroup) -> None:
+    """The load of the sweeps: texts, closed-loop callers, open-loop rates, step lengths."""
     load.add_argument(
         "--texts",
         type=Path,
@@ -109,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--warmup", type=float, default=1.0, help="seconds per step (1)")
     load.add_argument("--duration", type=float, default=5.0, help="measured seconds per step (5)")
     load.add_argument("--timeout", type=float, default=10.0, help="per request, seconds (10)")
+
+
+def _add_comparison_arguments(load: argparse._ArgumentGroup) -> None:
+    """The load of the side-by-side comparisons: --workers counts, streams against unary."""
     load.add_argument(
         "--workers",
         default="auto",
@@ -140,7 +147,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=(128,),
         help="--api stream: unary Classify steps on the same server, for comparison (128)",
     )
-    extra = parser.add_argument_group("ceilings and checks")
+
+
+def _add_check_arguments(extra: argparse._ArgumentGroup) -> None:
+    """The ceilings (in-process onnxruntime, PyTorch) and the extra checks, each skippable."""
     extra.add_argument(
         "--batching-off-concurrency",
         type=int,
@@ -177,6 +187,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.1,
         help="sampling ratio of the tracing-on step (0.1)",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every `textserve bench` flag, in --help's groups and order."""
+    _add_target_arguments(parser.add_argument_group("what to measure"))
+    load = parser.add_argument_group("load")
+    _add_load_arguments(load)
+    _add_comparison_arguments(load)
+    _add_check_arguments(parser.add_argument_group("ceilings and checks"))
     parser.add_argument(
         "--output",
         type=Path,

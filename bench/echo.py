@@ -39,7 +39,20 @@ class _EchoModel:
 
 
 def _handlers() -> list[grpc.GenericRpcHandler]:
-    from textserve.oip import grpc_service_pb2 as oip
+    """The echo server's services: textserve.v1.Classifier and the KServe v2 (OIP) one."""
+    return [_classifier_handler(), _oip_handler()]
+
+
+def _unary(handler: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
+    return grpc.unary_unary_rpc_method_handler(
+        handler,
+        request_deserializer=request_type.FromString,
+        response_serializer=response_type.SerializeToString,
+    )
+
+
+def _classifier_handler() -> grpc.GenericRpcHandler:
+    """textserve.v1.Classifier: one "echo" label per text, unary and streamed."""
     from textserve.v1 import classifier_pb2 as pb
 
     async def classify(request: pb.ClassifyRequest, context: object) -> pb.ClassifyResponse:
@@ -61,6 +74,23 @@ def _handlers() -> list[grpc.GenericRpcHandler]:
     async def classify_stream(requests: AsyncIterator[pb.ClassifyRequest], context: Any) -> None:
         async for request in requests:
             await context.write(answer(request))
+
+    return grpc.method_handlers_generic_handler(
+        "textserve.v1.Classifier",
+        {
+            "Classify": _unary(classify, pb.ClassifyRequest, pb.ClassifyResponse),
+            "ClassifyStream": grpc.stream_stream_rpc_method_handler(
+                classify_stream,
+                request_deserializer=pb.ClassifyRequest.FromString,
+                response_serializer=pb.ClassifyResponse.SerializeToString,
+            ),
+        },
+    )
+
+
+def _oip_handler() -> grpc.GenericRpcHandler:
+    """KServe v2 (OIP): ModelInfer answers "echo" per text; metadata, config, statistics."""
+    from textserve.oip import grpc_service_pb2 as oip
 
     async def model_infer(
         request: oip.ModelInferRequest, context: object
@@ -102,42 +132,22 @@ def _handlers() -> list[grpc.GenericRpcHandler]:
         stats = oip.ModelStatistics(name=request.name, version=request.version or "1")
         return oip.ModelStatisticsResponse(model_stats=[stats])
 
-    def unary(handler: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(
-            handler,
-            request_deserializer=request_type.FromString,
-            response_serializer=response_type.SerializeToString,
-        )
-
-    return [
-        grpc.method_handlers_generic_handler(
-            "textserve.v1.Classifier",
-            {
-                "Classify": unary(classify, pb.ClassifyRequest, pb.ClassifyResponse),
-                "ClassifyStream": grpc.stream_stream_rpc_method_handler(
-                    classify_stream,
-                    request_deserializer=pb.ClassifyRequest.FromString,
-                    response_serializer=pb.ClassifyResponse.SerializeToString,
-                ),
-            },
-        ),
-        grpc.method_handlers_generic_handler(
-            "inference.GRPCInferenceService",
-            {
-                "ServerMetadata": unary(
-                    server_metadata, oip.ServerMetadataRequest, oip.ServerMetadataResponse
-                ),
-                "ModelInfer": unary(model_infer, oip.ModelInferRequest, oip.ModelInferResponse),
-                "ModelMetadata": unary(
-                    model_metadata, oip.ModelMetadataRequest, oip.ModelMetadataResponse
-                ),
-                "ModelConfig": unary(model_config, oip.ModelConfigRequest, oip.ModelConfigResponse),
-                "ModelStatistics": unary(
-                    model_statistics, oip.ModelStatisticsRequest, oip.ModelStatisticsResponse
-                ),
-            },
-        ),
-    ]
+    return grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService",
+        {
+            "ServerMetadata": _unary(
+                server_metadata, oip.ServerMetadataRequest, oip.ServerMetadataResponse
+            ),
+            "ModelInfer": _unary(model_infer, oip.ModelInferRequest, oip.ModelInferResponse),
+            "ModelMetadata": _unary(
+                model_metadata, oip.ModelMetadataRequest, oip.ModelMetadataResponse
+            ),
+            "ModelConfig": _unary(model_config, oip.ModelConfigRequest, oip.ModelConfigResponse),
+            "ModelStatistics": _unary(
+                model_statistics, oip.ModelStatisticsRequest, oip.ModelStatisticsResponse
+            ),
+        },
+    )
 
 
 async def main(listen: str = "127.0.0.1:0", ready_file: Path | None = None) -> None:

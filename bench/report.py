@@ -48,6 +48,11 @@ def _target(name: str, value: float | None, op: str, limit: float, unit: str = "
 
 def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Each acceptance target with the measured value and ok (None: not measured this run)."""
+    return [*_peak_targets(results), *_batching_targets(results), *_scaling_targets(results)]
+
+
+def _peak_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Throughput and p99 at 128 callers."""
     targets = []
     at128 = _closed(results, "batching", 128)
     targets.append(
@@ -67,6 +72,12 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             " ms",
         )
     )
+    return targets
+
+
+def _batching_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Batching on against off, and the latency at half the peak against one caller."""
+    targets = []
     on = _closed(results, "batching", 64)
     off = _closed(results, "batching-off", 64)
     gain = None
@@ -98,6 +109,12 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "x",
         )
     )
+    return targets
+
+
+def _scaling_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """CPU efficiency against in-process, --workers scaling, the load generator's headroom."""
+    targets = []
     efficiency = results.get("efficiency", {})
     for per_request, limit in TARGET_EFFICIENCY.items():
         entry = efficiency.get(per_request)
@@ -162,6 +179,18 @@ def _efficiency_line(name: str, per_request: str, e: dict[str, Any]) -> str:
 
 def format_table(results: dict[str, Any]) -> str:
     """The figures as fixed-width text: one row per step, then ceilings and targets."""
+    return "\n".join(
+        [
+            *_step_lines(results),
+            *_comparison_lines(results),
+            *_check_lines(results),
+            *_target_lines(results),
+        ]
+    )
+
+
+def _step_lines(results: dict[str, Any]) -> list[str]:
+    """The header and one row per step."""
     header = (
         f"{'server':<13}{'load':<15}{'texts/req':>9}{'texts/s':>9}{'req/s':>8}"
         f"{'p50':>8}{'p90':>8}{'p95':>8}{'p99':>8}{'max':>8}{'errors':>8}"
@@ -193,6 +222,12 @@ def format_table(results: dict[str, Any]) -> str:
             f"{_fmt(srv.get('cpu_per_text_ms'), 3):>8}{_fmt(s['loadgen']['cpu_share'], 2):>7}"
             f"{_fmt(s.get('others_cpu_share'), 2):>6}{_fmt(s.get('machine_cpu_share'), 2):>6}"
         )
+    return lines
+
+
+def _comparison_lines(results: dict[str, Any]) -> list[str]:
+    """--workers against one, the in-process ceilings, the CPU efficiencies."""
+    lines = []
     workers = results.get("workers") or {}
     for count in workers.get("counts", [])[1:]:
         w = workers.get(str(count))
@@ -224,6 +259,12 @@ def format_table(results: dict[str, Any]) -> str:
     for name, key in (("stream" if stream else "", "efficiency"), ("unary", "efficiency_unary")):
         for per_request, e in sorted((results.get(key) or {}).items()):
             lines.append(_efficiency_line(name, per_request, e))
+    return lines
+
+
+def _check_lines(results: dict[str, Any]) -> list[str]:
+    """The load generator check: the echo and trivial servers beside the real one."""
+    lines = []
     check = results.get("loadgen_check") or {}
     if check:
         trivial = check.get("trivial_texts_per_s")
@@ -244,7 +285,12 @@ def format_table(results: dict[str, Any]) -> str:
                 else ""
             )
         )
-    lines.append("targets:")
+    return lines
+
+
+def _target_lines(results: dict[str, Any]) -> list[str]:
+    """Each target with its mark, then the machine the figures were measured on."""
+    lines = ["targets:"]
     for t in results.get("targets", []):
         mark = {True: "PASS", False: "MISS", None: "n/a "}[t["ok"]]
         lines.append(f"  [{mark}] {t['name']}: {_fmt(t['value'], 2)} (target {t['target']})")
@@ -257,7 +303,7 @@ def format_table(results: dict[str, Any]) -> str:
             f"{_fmt_load(machine.get('load_average_end'))}; providers "
             f"{machine.get('providers') or '-'}; {versions}"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def _fmt_load(load: Any) -> str:
