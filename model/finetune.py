@@ -224,7 +224,15 @@ def finetune(cfg: TrainConfig, device: torch.device, out_dir: Path, t_start: flo
         },
     }
     train_mod.add_baseline(metrics, train_mod.run_baseline(cfg, splits, encoded, labels))
-    run_info = {
+    run_info = _run_info(cfg, labels, max_length, splits)
+    _save(out_dir, hf_model, tokenizer, max_length, metrics, run_info, splits.test)
+    train_mod.log_summary(metrics, out_dir, t_start)
+    return out_dir
+
+
+def _run_info(cfg: TrainConfig, labels: list[str], max_length: int, splits: Any) -> dict[str, Any]:
+    """The run's config.json: where the model came from, its labels, data and settings."""
+    return {
         "kind": "huggingface",
         "init_from": cfg.init_from,
         "labels": labels,
@@ -234,9 +242,6 @@ def finetune(cfg: TrainConfig, device: torch.device, out_dir: Path, t_start: flo
                            "test": len(splits.test)}},
         "train": train_mod.run_settings(cfg),
     }  # fmt: skip
-    _save(out_dir, hf_model, tokenizer, max_length, metrics, run_info, splits.test)
-    train_mod.log_summary(metrics, out_dir, t_start)
-    return out_dir
 
 
 def _save(

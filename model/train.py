@@ -209,30 +209,7 @@ def train(cfg: TrainConfig) -> Path:
         splits.train.label_counts(),
     )  # fmt: skip
 
-    preset = ModelConfig.preset(cfg.preset)
-    vocab_size = cfg.vocab_size or preset.vocab_size
-    tokenizer = train_tokenizer(splits.train.texts, vocab_size, lowercase=cfg.lowercase)
-    try:
-        model_cfg = ModelConfig.preset(
-            cfg.preset,
-            **{
-                "vocab_size": tokenizer.get_vocab_size(),
-                "num_labels": len(labels),
-                "pad_token_id": PAD_TOKEN_ID,
-                **cfg.model_overrides,
-            },
-        )
-    except (TypeError, ValueError) as exc:
-        raise TrainConfigError(f"invalid model options: {exc}") from None
-    encoded = {
-        name: (
-            encode_ids(tokenizer, split.texts, model_cfg.max_length),
-            torch.tensor([label_index[y] for y in split.labels], dtype=torch.long),
-        )
-        for name, split in (
-            ("train", splits.train), ("validation", splits.validation), ("test", splits.test),
-        )
-    }  # fmt: skip
+    tokenizer, model_cfg, encoded = _tokenize(cfg, splits, labels, label_index)
     t_tok = time.perf_counter()
 
     model = TransformerClassifier(model_cfg).to(device)
@@ -272,6 +249,53 @@ def train(cfg: TrainConfig) -> Path:
         "timings": timings,
     }
     add_baseline(metrics, baseline)
+    _write_run(cfg, out_dir, model, labels, tokenizer, metrics, splits, history)
+    log_summary(metrics, out_dir, t_start)
+    return out_dir
+
+
+def _tokenize(
+    cfg: TrainConfig, splits: data_mod.Splits, labels: list[str], label_index: dict[str, int]
+) -> tuple[Any, ModelConfig, dict[str, Encoded]]:
+    """Train the tokenizer on the training texts, size the model to it, encode every split."""
+    preset = ModelConfig.preset(cfg.preset)
+    vocab_size = cfg.vocab_size or preset.vocab_size
+    tokenizer = train_tokenizer(splits.train.texts, vocab_size, lowercase=cfg.lowercase)
+    try:
+        model_cfg = ModelConfig.preset(
+            cfg.preset,
+            **{
+                "vocab_size": tokenizer.get_vocab_size(),
+                "num_labels": len(labels),
+                "pad_token_id": PAD_TOKEN_ID,
+                **cfg.model_overrides,
+            },
+        )
+    except (TypeError, ValueError) as exc:
+        raise TrainConfigError(f"invalid model options: {exc}") from None
+    encoded = {
+        name: (
+            encode_ids(tokenizer, split.texts, model_cfg.max_length),
+            torch.tensor([label_index[y] for y in split.labels], dtype=torch.long),
+        )
+        for name, split in (
+            ("train", splits.train), ("validation", splits.validation), ("test", splits.test),
+        )
+    }  # fmt: skip
+    return tokenizer, model_cfg, encoded
+
+
+def _write_run(
+    cfg: TrainConfig,
+    out_dir: Path,
+    model: TransformerClassifier,
+    labels: list[str],
+    tokenizer: Any,
+    metrics: dict[str, Any],
+    splits: data_mod.Splits,
+    history: Any,
+) -> None:
+    """Write the run directory: complete or absent."""
     data_info = {
         "source": splits.train.source if cfg.data is None else str(cfg.data),
         "text_column": cfg.text_column,
@@ -296,8 +320,6 @@ def train(cfg: TrainConfig) -> Path:
         tmp.rename(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log_summary(metrics, out_dir, t_start)
-    return out_dir
 
 
 def run_settings(cfg: TrainConfig) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textserve.artifact import (
     MANIFEST_FILE,
@@ -72,6 +72,20 @@ _MISSING_REASONS = {
 }
 
 
+def _open(path: Path) -> Any:
+    """open_version(path), its refusals as LoadErrors with their reasons."""
+    try:
+        return open_version(path)
+    except MissingFileError as exc:
+        raise LoadError(str(exc), _MISSING_REASONS.get(exc.file, "invalid_manifest")) from None
+    except UnsafeFileError as exc:
+        raise LoadError(str(exc), "unsafe_file") from None
+    except ChecksumError as exc:
+        raise LoadError(f"{path}: {exc}", "checksum_mismatch") from None
+    except ManifestError as exc:
+        raise LoadError(str(exc), "invalid_manifest") from None
+
+
 def load_version_dir(
     path: Path,
     config: ServerConfig,
@@ -89,16 +103,7 @@ def load_version_dir(
     from textserve.service.engine.handle import ModelCheckError, ModelHandle
     from textserve.service.engine.runtime import ContractError, DeviceUnavailableError, Session
 
-    try:
-        manifest, files, model = open_version(path)
-    except MissingFileError as exc:
-        raise LoadError(str(exc), _MISSING_REASONS.get(exc.file, "invalid_manifest")) from None
-    except UnsafeFileError as exc:
-        raise LoadError(str(exc), "unsafe_file") from None
-    except ChecksumError as exc:
-        raise LoadError(f"{path}: {exc}", "checksum_mismatch") from None
-    except ManifestError as exc:
-        raise LoadError(str(exc), "invalid_manifest") from None
+    manifest, files, model = _open(path)
     with model:  # the verified descriptor, closed once onnxruntime has read it
         if (manifest.name, manifest.version) != identity(path):
             raise LoadError(
