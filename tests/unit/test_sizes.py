@@ -33,9 +33,7 @@ def sources(root: Path = ROOT) -> list[Path]:
         for folder, dirs, files in os.walk(root / top, followlinks=False):
             here = Path(folder).relative_to(root)
             dirs[:] = sorted(
-                d
-                for d in dirs
-                if not (Path(folder) / d).is_symlink() and here / d not in GENERATED
+                d for d in dirs if not (Path(folder) / d).is_symlink() and here / d not in GENERATED
             )
             found.extend(here / f for f in sorted(files) if f.endswith(".py"))
     return found
