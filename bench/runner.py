@@ -32,7 +32,7 @@ from textserve.bench.describe import (
 from textserve.bench.process import BenchServer, echo_command, start_process, start_server
 from textserve.bench.report import evaluate_targets
 from textserve.bench.requests import RequestPool, build_requests, load_texts
-from textserve.bench.stats import summarize
+from textserve.bench.stats import RawStep, summarize
 from textserve.service.config import usable_cpus
 
 Log = Callable[[str], None]
@@ -154,11 +154,11 @@ class _Bench:
         self,
         server: BenchServer,
         pool: RequestPool,
-        probe: Any,
+        probe: loadgen.Probe,
         concurrency: int | None,
         rate: float | None,
         connections: int,
-    ) -> tuple[Any, Any, str, int | None]:
+    ) -> tuple[RawStep, list[Any], str, int | None]:
         """Run one step's load: streams, a closed loop or an open loop (raw, samples, mode,
         streams)."""
         cfg = self.config

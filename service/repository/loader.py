@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from textserve.artifact import (
     MANIFEST_FILE,
     MODEL_FILE,
     TOKENIZER_FILE,
     ChecksumError,
+    Manifest,
     ManifestError,
     MissingFileError,
     UnsafeFileError,
+    VerifiedFile,
     identity,
     open_version,
 )
@@ -72,7 +74,7 @@ _MISSING_REASONS = {
 }
 
 
-def _open(path: Path) -> Any:
+def _open(path: Path) -> tuple[Manifest, dict[str, bytes], VerifiedFile]:
     """open_version(path), its refusals as LoadErrors with their reasons."""
     try:
         return open_version(path)
