@@ -291,12 +291,24 @@ def test_the_kserve_runtime_args_are_server_flags() -> None:
     config = build_config(build_parser().parse_args(args))
     assert str(config.repository) == "/mnt/models"  # where the storage initializer puts it
     assert config.model == "reviews"
-    (port,) = spec["ports"]
-    assert port["name"] == "h2c" and port["containerPort"] == int(config.listen.rpartition(":")[2])
-    assert runtime["spec"]["protocolVersions"] == ["grpc-v2"]
+    grpc_port = int(config.listen.rpartition(":")[2])
+    # KServe's own runtimes' ports (Triton, OpenVINO): REST on 8080, where KServe and Knative
+    # route unless the InferenceService names a port, gRPC on 9000; none declared by the runtime
+    # (Knative takes one port per container: the InferenceService's protocol chooses).
+    assert "ports" not in spec
+    assert (config.metrics_port, grpc_port) == (8080, 9000) and config.http.inference
+    assert spec["readinessProbe"]["grpc"]["port"] == grpc_port
+    assert runtime["spec"]["protocolVersions"] == ["v2", "grpc-v2"]  # REST and gRPC, both OIP
+    assert runtime["spec"]["annotations"]["prometheus.kserve.io/port"] == str(config.metrics_port)
     assert [f["name"] for f in runtime["spec"]["supportedModelFormats"]] == ["textserve"]
     service = one(files(KSERVE), "InferenceService")
-    assert service["spec"]["predictor"]["model"]["runtime"] == runtime["metadata"]["name"]
+    model = service["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    # KServe picks a runtime only if it lists the service's protocol; gRPC needs the h2c port.
+    assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
+    assert model["protocolVersion"] == "grpc-v2"
+    (port,) = model["ports"]
+    assert port["name"] == "h2c" and port["containerPort"] == grpc_port
     annotations = service["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(config.metrics_port)
 
