@@ -76,6 +76,7 @@ soak: venv
 ## bench: the standard benchmark sweep against servers it starts on the default model (a few
 ## minutes); BENCH_ARGS adds `textserve bench` flags, e.g. BENCH_ARGS="--api oip"
 ## BENCH_WORKERS: the `--workers` counts perf_analyzer compares in `make bench` (a server each)
+## and perf_analyzer -i http vs -i grpc on one server at 1 and 128 callers -> bench/results/http
 BENCH_WORKERS ?= 1,2
 bench: venv
 	$(PY) -m textserve.cli setup-default --repository $(REPOSITORY) --name $(MODEL)
@@ -88,6 +89,8 @@ bench: venv
 	  --concurrency 1,4,16,64,128 --request-rates half-peak --floor
 	$(PY) -m textserve.bench.perf_analyzer --repository $(REPOSITORY) --model $(MODEL) \
 	  --output bench/results/workers --workers $(BENCH_WORKERS) --concurrency 64,128
+	$(PY) -m textserve.bench.perf_analyzer --repository $(REPOSITORY) --model $(MODEL) \
+	  --output bench/results/http --http --concurrency 1,128
 	$(PY) -m textserve.export.bench runs/$(MODEL) --repository $(REPOSITORY) --name $(MODEL) \
 	  --json bench/results/export_bench.json
 	$(PY) -m textserve.bench.cache --repository $(REPOSITORY) --model $(MODEL) --texts runs/$(MODEL) \
