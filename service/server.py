@@ -88,10 +88,8 @@ class Server:
         """startup: listen (health NOT_SERVING), load and warm every model, then SERVING.
         Raises (after cleaning up) when the models cannot be served."""
         await self._set_health(NOT_SERVING)  # until the models are loaded and warm
-        await self.grpc_server.start()
-        logger.info(
-            "listening on %s (gRPC); loading models from %s", self.address, self.config.repository
-        )
+        if self.coordinator is None:  # one server: it answers health while it loads
+            await self._listen()
         if self.config.metrics_port is not None:
             # before the models load: /readyz says "warming" meanwhile
             self.http = await http_front_end(self.ctx, reuse_port=self._reuse_port)
@@ -99,6 +97,9 @@ class Server:
         try:
             await self.repository.load_all()
             if self.coordinator is not None:
+                # One of --workers N listens only once warm: the connections the kernel hands a
+                # worker that restarts would otherwise fail while it loads, as the others serve.
+                await self._listen()
                 await self.coordinator.before_serving()
         except BaseException:
             await self._close(grace=0)
@@ -112,6 +113,17 @@ class Server:
             self.address,
             self.repository.default_model or "none",
         )
+
+    async def _listen(self) -> None:
+        await self.grpc_server.start()
+        if self.coordinator is None:
+            logger.info(
+                "listening on %s (gRPC); loading models from %s",
+                self.address,
+                self.config.repository,
+            )
+        else:  # the supervisor said where it listens; this worker's models are warm
+            logger.info("listening on %s (gRPC)", self.address)
 
     async def _models_changed(self, serving: bool) -> None:
         """While no model is served (an admin unloaded them all, the last version folder was

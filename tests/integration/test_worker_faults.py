@@ -68,7 +68,11 @@ class Load:
     def _run(self, connection: Connection) -> None:
         while not self._stop.is_set():
             try:
-                connection.classifier.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=30)
+                # wait_for_ready: a call made while the channel reconnects waits for it, as a
+                # client with a retry policy or backoff would, instead of failing at once
+                connection.classifier.Classify(
+                    pb.ClassifyRequest(texts=TEXTS), timeout=30, wait_for_ready=True
+                )
                 self.ok[connection.worker] += 1
             except grpc.RpcError as exc:
                 self.failed[connection.worker] += 1
