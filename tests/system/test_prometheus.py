@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 import shutil
 import socket
@@ -37,6 +38,7 @@ import yaml
 from tests.otlp import Receiver, otlp_receiver
 from tests.serving import poll, running_server, serve_subprocess
 from textserve.client import Client, ClientError
+from textserve.service.engine.cache_size import CacheSize
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
@@ -132,13 +134,15 @@ def server(
             metrics_host="127.0.0.1",
             otlp_endpoint=receiver.endpoint,
             trace_sample_ratio=1.0,
+            # the cache's panels need a cache (off by default)
+            cache_size=CacheSize.parse("1MiB"),
         ) as running:
             assert running.server.metrics_port
             model = running.server.repository.default_model
             assert model
             yield Served(running.address, running.server.metrics_port, model, traced=True)
         return
-    with serve_subprocess(tiny_repository, "--workers", "2") as process:
+    with serve_subprocess(tiny_repository, "--workers", "2", "--cache-size", "1MiB") as process:
         assert process.metrics_url is not None
         port = int(process.metrics_url.rsplit(":", 1)[1].split("/")[0])
         yield Served(process.address, port, "tiny", connections=8)
@@ -156,6 +160,7 @@ def traffic(server: Served) -> Iterator[None]:
 
     def send() -> None:
         texts = ["a gripping, beautifully acted film", "dull", "the plot is a mess and so on"]
+        words = " ".join(texts).replace(",", "").split()
         try:
             with Client(server.address, timeout=10, connections=server.connections) as client:
                 for i in range(1_000_000):
@@ -165,7 +170,10 @@ def traffic(server: Served) -> Iterator[None]:
                         with pytest.raises(ClientError, match="INVALID_ARGUMENT"):
                             client.classify([])
                     else:
-                        client.classify(texts[: 1 + i % 3])
+                        # repeated texts (cache hits) and a new word order each time (a miss:
+                        # batches keep their panels filled with the cache on)
+                        fresh = " ".join(random.Random(i).sample(words, k=6))
+                        client.classify([*texts[: 1 + i % 3], fresh])
                     stop.wait(0.02)  # pace: ~40 requests/s is plenty and spares the CPUs
         except BaseException as exc:  # reported by the fixture, not lost in the thread
             errors.append(exc)
@@ -281,8 +289,8 @@ def test_every_dashboard_query_returns_data(
         return not pending
 
     try:
-        poll(all_answered, "every dashboard query to return data")
-    except pytest.fail.Exception:
+        poll(all_answered, "every dashboard query to return data", timeout=DEADLINE)
+    except TimeoutError:  # tests.serving.poll's: say which panels stayed empty
         lines = "\n".join(f"  {where}: {expr}" for where, expr in pending.items())
         pytest.fail(f"dashboard queries without data after {DEADLINE:.0f}s:\n{lines}")
 
