@@ -129,10 +129,11 @@ def test_a_stopped_worker_is_caught_by_the_heartbeat_and_replaced(repository: Pa
     assert f"pid {pid}): unresponsive" in text and "died with signal SIGKILL (unresponsive)" in text
     assert samples[("textserve_worker_restarts_total", (("reason", "unresponsive"),))] == 1
     assert samples[("textserve_worker_restarts_total", (("reason", "exited"),))] == 0
-    # only what was in flight on the stopped worker failed: at most one call per connection
-    # that was on it, none on the other worker
+    # only calls of the stopped worker's connections failed, none on the other worker: the one
+    # in flight when it stopped, and at most one more per connection (a call that raced the
+    # SIGKILL while its channel reconnected: seen once in a CI run, 4 failures on 3 connections)
     assert set(load.failed) <= {victim}, load.failed
-    assert load.failed[victim] <= on_victim, (load.failed, on_victim)
+    assert load.failed[victim] <= 2 * on_victim, (load.failed, on_victim)
     assert set(load.codes) <= {"UNAVAILABLE"}, load.codes
 
 
