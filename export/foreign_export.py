@@ -40,7 +40,7 @@ from textserve.export import foreign_checks as checks
 from textserve.export import transforms, validate
 from textserve.export.errors import CheckFailed, ExportError
 from textserve.export.options import ExportOptions
-from textserve.export.publish import check_name, make_temp_dir, publish
+from textserve.export.publish import check_name, publish, staged_version
 from textserve.export.sources import Foreign
 from textserve.tokenization import Tokenization, load_tokenizer
 
@@ -71,8 +71,7 @@ def export_foreign(
         raise ExportError("--fp16 is for textserve runs; a foreign model exports as fp32 or int8")
     test = _test_split(foreign, opts.test_data)
     model_dir = Path(repository) / name
-    tmp = make_temp_dir(model_dir)
-    try:
+    with staged_version(model_dir) as tmp:
         work = tmp / ".work"
         work.mkdir()
         encode = _encoder(foreign, opts)
@@ -105,13 +104,6 @@ def export_foreign(
             truncation_side=opts.truncation_side,
         )
         version_dir = publish(tmp, model_dir, manifest)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise ExportError(
-                f"writing to {model_dir} failed: {exc.strerror or exc}; nothing was published"
-            ) from exc
-        raise
     logger.info("published %s (%s)", version_dir, graph.precision)
     return version_dir
 

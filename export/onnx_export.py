@@ -27,7 +27,7 @@ from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file
 from textserve.export import transforms, validate
 from textserve.export.errors import ExportError
 from textserve.export.options import ExportOptions
-from textserve.export.publish import check_name, make_temp_dir, publish
+from textserve.export.publish import check_name, publish, staged_version
 from textserve.model.checkpoint import Run
 
 logger = logging.getLogger(__name__)
@@ -69,8 +69,7 @@ def export_run(
     check_name(name)
     run = _load_run(run_dir, opts.threads)
     model_dir = Path(repository) / name
-    tmp = make_temp_dir(model_dir)
-    try:
+    with staged_version(model_dir) as tmp:
         work = tmp / ".work"
         work.mkdir()
         built = _build(run, work, opts)
@@ -93,13 +92,6 @@ def export_run(
             extra=built.extra,
         )
         version_dir = publish(tmp, model_dir, manifest)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise ExportError(
-                f"writing to {model_dir} failed: {exc.strerror or exc}; nothing was published"
-            ) from exc
-        raise
     logger.info("published %s (%s)", version_dir, built.precision)
     return version_dir
 

@@ -16,6 +16,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from textserve.artifact import Manifest, ManifestError, next_version, version_dir
@@ -34,6 +36,23 @@ def check_name(name: str) -> None:
             f"model name {name!r} must be letters, digits, '.', '_' or '-' "
             "(at most 128, not starting with '.', '_' or '-')"
         )
+
+
+@contextmanager
+def staged_version(model_dir: Path) -> Iterator[Path]:
+    """A temporary directory of `model_dir` to build a version in (make_temp_dir), removed if
+    the block fails; an OSError in the block becomes one ExportError saying nothing was
+    published. Every source's export publishes through it."""
+    tmp = make_temp_dir(model_dir)
+    try:
+        yield tmp
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise ExportError(
+                f"writing to {model_dir} failed: {exc.strerror or exc}; nothing was published"
+            ) from exc
+        raise
 
 
 def make_temp_dir(model_dir: Path) -> Path:
