@@ -31,8 +31,10 @@ import contextlib
 import csv
 import functools
 import json
+import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -43,6 +45,16 @@ from textserve.bench.perf_analyzer_setup import DEFAULT_TOOLS, ensure_perf_analy
 
 LATENCY_COLUMNS = ("p50 latency", "p90 latency", "p95 latency", "p99 latency")
 SERVER_COLUMNS = ("Server Queue", "Server Compute Input", "Server Compute Infer")
+
+# What perf_analyzer prints (and exits 2 with, writing no CSV) when its windows never agree.
+UNSTABLE = "Failed to obtain stable measurement"
+# One window's figure in its -v output: "Pass [3] throughput: 382.392 infer/sec. Avg ..."
+PASS_LINE = re.compile(r"Pass \[\d+\] throughput: ([0-9.]+) infer/sec")
+# A level that never stabilizes is measured again with windows this many times longer, and if
+# it is still unstable, once more with the check off (any three windows agree): its figures are
+# then kept, marked unstable with the spread its windows showed, and the sweep goes on.
+LONGER_WINDOWS = 3
+NO_STABILITY_CHECK = 100_000
 
 
 def load_texts(path: Path, limit: int) -> list[str]:
@@ -90,6 +102,7 @@ def perf_analyzer_command(
     stability: int = 25,
     percentile: int | None = None,
     protocol: str = "grpc",
+    verbose: bool = False,
 ) -> list[str]:
     """The perf_analyzer command line for one level over `protocol` (grpc, or http: KServe v2
     REST): `concurrency` callers (closed loop) or Poisson arrivals at `request_rate`
@@ -129,7 +142,20 @@ def perf_analyzer_command(
         # Stabilize on this latency percentile instead of the average; the CSV reports
         # p50/p90/p95/p99 either way.
         *(["--percentile", str(percentile)] if percentile else []),
+        # -v prints every window's throughput: the spread reported when a level is unstable.
+        *(["-v"] if verbose else []),
     ]
+
+
+def window_spread(output: str) -> tuple[float, int] | None:
+    """How far perf_analyzer's windows disagreed: (max - min) / median of their throughput,
+    in per cent, and how many windows there were; None without two windows to compare."""
+    values = [float(v) for v in PASS_LINE.findall(output)]
+    if len(values) < 2:
+        return None
+    middle = statistics.median(values)
+    spread = (max(values) - min(values)) / middle * 100 if middle > 0 else float("inf")
+    return spread, len(values)
 
 
 def parse_report(csv_path: Path) -> dict[str, float]:
@@ -148,7 +174,8 @@ def parse_report(csv_path: Path) -> dict[str, float]:
 
 
 def format_table(reports: Sequence[dict[str, float]]) -> str:
-    """A Markdown table of the reports, ready for the README."""
+    """A Markdown table of the reports, ready for the README; a level whose windows never
+    agreed says so, with their spread."""
     lines = [
         "| load | texts/s | p50 ms | p90 ms | p95 ms | p99 ms "
         "| server queue ms | server infer ms |",
@@ -160,6 +187,8 @@ def format_table(reports: Sequence[dict[str, float]]) -> str:
             if "concurrency" in r
             else f"{r['request_rate']:.0f}/s Poisson"
         )
+        if "spread_pct" in r:  # figures of windows that never agreed (see measure_level)
+            load += f" **unstable** (windows ±{r['spread_pct'] / 2:.0f}%)"
         lines.append(
             f"| {load} | {r['throughput']:.1f} | {r['p50_ms']:.2f} | "
             f"{r['p90_ms']:.2f} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | "
@@ -444,7 +473,8 @@ def run_levels(
             value = round(peak / 2 / args.batch_size, 1)
         tag = f"c{value:g}" if kind == "concurrency" else f"r{value:g}"
         csv_path = args.output / f"perf_analyzer_{prefix}{tag}.csv"
-        command = perf_analyzer_command(
+        command = functools.partial(
+            perf_analyzer_command,
             binary,
             url=url,
             model=args.model,
@@ -452,18 +482,49 @@ def run_levels(
             request_rate=value if kind == "request_rate" else None,
             input_data=input_data,
             csv_path=csv_path,
-            request_count=args.request_count,
             batch_size=args.batch_size,
-            stability=args.stability,
             percentile=args.percentile,
             protocol=protocol,
+            verbose=True,
         )
-        print("+", " ".join(command), flush=True)
         metrics = getattr(args, "http_address", {}).get("http")  # --http: the server's /metrics
         before = _server_cpu(metrics)
+        measured = measure_level(command, args, tag)
+        if isinstance(measured, int):
+            return measured
+        report = parse_report(csv_path)
+        if measured is not None:
+            report["spread_pct"], report["windows"] = measured
+        after = _server_cpu(metrics)
+        if before is not None and after is not None and after[1] > before[1]:
+            # every request of the level, warm-up windows included, over all its server CPU
+            texts = (after[1] - before[1]) * args.batch_size
+            report["server_cpu_us_per_text"] = (after[0] - before[0]) / texts * 1e6
+        reports.append(report)
+    return reports
+
+
+def measure_level(
+    command: Callable[..., list[str]], args: argparse.Namespace, tag: str
+) -> tuple[float, float] | int | None:
+    """Run one level until perf_analyzer writes its CSV: as asked, then (if its windows never
+    agreed) with windows LONGER_WINDOWS times longer, then with the stability check off.
+
+    None when the level was stable; (spread %, windows) of the last unstable attempt when its
+    figures come from the unchecked one; an exit status when perf_analyzer failed otherwise.
+    A noisy machine marks a level, it never ends the sweep."""
+    attempts = [
+        (args.request_count, args.stability),
+        (args.request_count * LONGER_WINDOWS, args.stability),
+        (args.request_count * LONGER_WINDOWS, NO_STABILITY_CHECK),
+    ]
+    unstable: tuple[float, float] | None = None
+    for number, (count, stability) in enumerate(attempts):
+        argv = command(request_count=count, stability=stability)
+        print("+", " ".join(argv), flush=True)
         try:
             done = subprocess.run(
-                command,
+                argv,
                 env=tool_env(args.tools),
                 capture_output=True,
                 text=True,
@@ -477,17 +538,25 @@ def run_levels(
                     )
             sys.stderr.write(f"perf_analyzer did not finish in {args.level_timeout:g}s\n")
             return 124
-        if done.returncode != 0:
-            sys.stderr.write(done.stdout + done.stderr)
+        output = done.stdout + done.stderr
+        if done.returncode == 0:
+            return unstable
+        if UNSTABLE not in output or number == len(attempts) - 1:
+            sys.stderr.write(output)
             return done.returncode
-        report = parse_report(csv_path)
-        after = _server_cpu(metrics)
-        if before is not None and after is not None and after[1] > before[1]:
-            # every request of the level, warm-up windows included, over all its server CPU
-            texts = (after[1] - before[1]) * args.batch_size
-            report["server_cpu_us_per_text"] = (after[0] - before[0]) / texts * 1e6
-        reports.append(report)
-    return reports
+        spread, windows = window_spread(output) or (float("nan"), 0)
+        unstable = (spread, float(windows))
+        then = (
+            f"again with {LONGER_WINDOWS}x longer windows"
+            if number == 0
+            else "once more without the stability check; its figures are marked unstable"
+        )
+        print(
+            f"UNSTABLE {tag}: throughput varied by {spread:.0f}% over {windows} windows "
+            f"(--stability {args.stability}%, {count} requests a window); measuring {then}",
+            flush=True,
+        )
+    return unstable
 
 
 def _server_cpu(address: str | None) -> tuple[float, float] | None:

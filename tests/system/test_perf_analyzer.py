@@ -116,3 +116,34 @@ def test_perf_analyzer_compares_worker_counts_one_server_each(
         "perf_analyzer_w1_c4.csv",
         "perf_analyzer_w2_c4.csv",
     ]
+
+
+def test_a_level_that_never_stabilizes_is_marked_and_the_sweep_goes_on(
+    perf_analyzer: Path,
+    tiny_repository: Path,
+    tiny_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A noisy machine, made certain: with --stability 0 no two windows ever agree, so the
+    real binary exits 2 with "Failed to obtain stable measurement" at every level. The sweep
+    measures again with longer windows, then without the check, and reports the level,
+    marked unstable with their windows' spread, instead of failing `make bench`."""
+    status = main(
+        [
+            *("--repository", str(tiny_repository), "--model", "tiny"),
+            *("--server-args", "--intra-op-threads 1"),
+            *("--texts", str(tiny_run / "test.jsonl"), "--num-texts", "50"),
+            *("--concurrency", "2", "--request-count", "10", "--stability", "0"),
+            *("--output", str(tmp_path), "--tools", str(TOOLS), "--level-timeout", "120"),
+        ]
+    )
+    assert status == 0, (tmp_path / "perf_analyzer_server.log").read_text()
+    reports = json.loads((tmp_path / "perf_analyzer.json").read_text())["textserve"]
+    assert [r["concurrency"] for r in reports] == [2]
+    out = capsys.readouterr().out
+    for report in reports:
+        assert report["throughput"] > 0 and report["spread_pct"] > 0 and report["windows"] >= 3
+        level = f"c{report['concurrency']:.0f}"
+        assert f"UNSTABLE {level}: throughput varied by" in out
+        assert f"| c={report['concurrency']:.0f} **unstable** (windows ±" in out

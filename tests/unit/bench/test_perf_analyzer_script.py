@@ -157,3 +157,105 @@ def test_bad_worker_counts_are_one_line_and_exit_2(
         main(args)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# A stand-in perf_analyzer: exits 2 with the real binary's words and ten windows of -v output
+# until the stability it is given is at least STABLE_FROM (or its windows hold REQUESTS_FROM
+# requests), else writes the CSV. The real binary is driven in tests/system.
+FAKE = """#!/usr/bin/env python3
+import json, os, sys
+argv = sys.argv[1:]
+value = lambda flag: argv[argv.index(flag) + 1]
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(json.dumps(argv) + "\\n")
+if os.environ.get("FAKE_BROKEN"):
+    sys.exit("error: failed to get model metadata")
+stable = int(value("--stability-percentage")) >= int(os.environ["STABLE_FROM"])
+longer = int(value("--measurement-request-count")) >= int(os.environ["REQUESTS_FROM"])
+if not (stable or longer):
+    for n, t in enumerate([300, 600, 450, 500, 550, 400, 520, 480, 610, 470], 1):
+        print(f"  Pass [{n}] throughput: {t}.0 infer/sec. Avg latency: 1000 usec")
+    print("Failed to obtain stable measurement within 10 measurement windows for concurrency 4.")
+    sys.exit(2)
+open(value("-f"), "w").write(os.environ["FAKE_CSV"])
+"""
+
+
+@pytest.mark.parametrize(
+    ("stable_from", "requests_from", "calls", "unstable"),
+    [
+        (0, 10**9, 1, False),  # stable at once: one call, nothing marked
+        (10**9, 300, 2, True),  # stable with 3x longer windows: marked by the first attempt
+        (1001, 10**9, 3, True),  # never stable: figures of the unchecked third attempt
+    ],
+)
+def test_an_unstable_level_is_measured_again_and_marked_not_failed(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stable_from: int,
+    requests_from: int,
+    calls: int,
+    unstable: bool,
+) -> None:
+    import argparse
+
+    from textserve.bench.perf_analyzer import run_levels
+
+    binary = tmp_path / "perf_analyzer"
+    binary.write_text(FAKE)
+    binary.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_CSV", CSV)
+    monkeypatch.setenv("STABLE_FROM", str(stable_from))
+    monkeypatch.setenv("REQUESTS_FROM", str(requests_from))
+    args = argparse.Namespace(
+        model="m", batch_size=1, percentile=None, request_count=100, stability=25,
+        tools=tmp_path, level_timeout=30.0, output=tmp_path,
+    )  # fmt: skip
+    reports = run_levels(binary, args, "127.0.0.1:1", tmp_path / "in.json", [("concurrency", 2)])
+    assert isinstance(reports, list) and len(reports) == 1
+    attempts = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(attempts) == calls
+    assert all("-v" in argv for argv in attempts)  # the windows' figures are always printed
+    (report,) = reports
+    assert report["throughput"] == pytest.approx(1273.4)  # the CSV's figures, kept
+    out = capsys.readouterr().out
+    if not unstable:
+        assert "spread_pct" not in report and "UNSTABLE" not in out
+        assert "unstable" not in format_table(reports)
+        return
+    # 300..610 infer/s over ten windows: (610 - 300) / median 490 = 63 %
+    assert report["spread_pct"] == pytest.approx(310 / 490 * 100)
+    assert report["windows"] == 10
+    assert "UNSTABLE c2: throughput varied by 63% over 10 windows" in out
+    second = attempts[1]
+    assert second[second.index("--measurement-request-count") + 1] == "300"
+    if calls == 3:
+        third = attempts[2]
+        assert int(third[third.index("--stability-percentage") + 1]) > 1000
+    assert "| c=2 **unstable** (windows ±32%) | 1273.4 |" in format_table(reports)
+
+
+def test_a_perf_analyzer_that_fails_otherwise_still_fails_the_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from textserve.bench.perf_analyzer import run_levels
+
+    binary = tmp_path / "perf_analyzer"
+    binary.write_text(FAKE)
+    binary.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_BROKEN", "1")
+    args = argparse.Namespace(
+        model="m", batch_size=1, percentile=None, request_count=100, stability=25,
+        tools=tmp_path, level_timeout=30.0, output=tmp_path,
+    )  # fmt: skip
+    status = run_levels(binary, args, "127.0.0.1:1", tmp_path / "in.json", [("concurrency", 2)])
+    assert status == 1  # not retried: a broken server is not noise
+    assert len(log.read_text().splitlines()) == 1
+    assert "failed to get model metadata" in capsys.readouterr().err
