@@ -29,40 +29,45 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "build" / "mutation"
 
 U = "tests/unit/service/"
+R = U + "repository/"
+S = U + "servicers/"
 # group -> (modules under textserve/, the tests that cover them: unit tests, fast and forkable)
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "batcher": (
         ["service/engine/batcher.py", "service/engine/queue.py"],
         [U + "engine/test_batcher.py", U + "engine/test_queue.py"],
     ),
-    "oip_codec": (["service/servicers/oip_codec.py"], [U + "test_oip_codec.py"]),
+    "oip_codec": (["service/servicers/oip_codec.py"], [S + "test_oip_codec.py"]),
     "status": (
         ["service/servicers/status.py"],
         [
             U + "test_serving_edges.py",
-            U + "test_request_text.py",
-            U + "test_status_table.py",
-            U + "test_request_report.py",
+            S + "test_request_text.py",
+            S + "test_status_table.py",
+            S + "test_request_report.py",
         ],
     ),
     "publish": (
         ["export/publish.py"],
         ["tests/unit/export/test_export_repository.py", "tests/unit/export/test_publish.py"],
     ),
-    "interceptors": (["service/servicers/interceptors.py"], [U + "test_security.py"]),
+    "interceptors": (
+        ["service/servicers/interceptors.py"],
+        [S + "test_auth_interceptor.py", S + "test_decode_guard.py"],
+    ),
     "repository": (
         [f"service/repository/{m}.py" for m in ("core", "records", "loader", "scan")],
         [
-            U + "test_repository.py",
-            U + "test_repository_records.py",
-            U + "test_reload.py",
-            U + "test_untrusted_repository.py",
-            U + "test_version_policy.py",
+            R + "test_repository.py",
+            R + "test_repository_records.py",
+            R + "test_reload.py",
+            R + "test_untrusted_repository.py",
+            R + "test_version_policy.py",
             # written against this group's survivors (kept beside the behaviour tests above)
-            U + "test_repository_loading.py",
-            U + "test_repository_scanning.py",
-            U + "test_repository_retiring.py",
-            U + "test_repository_files.py",
+            R + "test_repository_loading.py",
+            R + "test_repository_scanning.py",
+            R + "test_repository_retiring.py",
+            R + "test_repository_files.py",
         ],
     ),
 }
@@ -72,6 +77,10 @@ SKIP = ("__pycache__", "*.pyc", ".mypy_cache", ".ruff_cache", ".pytest_cache")
 def stage(group: str, work: Path | None = None) -> Path:
     """A copy of the package, the tests and pyproject.toml with this group's [tool.mutmut]."""
     modules, tests = GROUPS[group]
+    # a test file moved or renamed must not silently shrink a group (mutants would survive)
+    missing = [t for t in tests if not (ROOT / t).is_file()]
+    if missing:
+        raise SystemExit(f"mutation group {group!r} names missing test files: {missing}")
     work = work or OUT / group
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -79,7 +88,6 @@ def stage(group: str, work: Path | None = None) -> Path:
     # the wheel
     shutil.copytree(ROOT / "textserve", work / "textserve", ignore=shutil.ignore_patterns(*SKIP))
     shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns(*SKIP))
-    tests = [t for t in tests if (ROOT / t).exists()]
 
     def quoted(items: Iterable[str]) -> str:
         return ", ".join(f'"{item}"' for item in items)

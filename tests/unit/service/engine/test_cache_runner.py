@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.unit.service.engine.test_inference import FailsOn, load
+from tests.unit.service.engine.helpers import FailsOn, load
 from textserve.service.engine.cache import CacheSize, ResponseCache
 from textserve.service.engine.inference import TextItem
 

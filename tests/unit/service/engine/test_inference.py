@@ -11,17 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry
 
-from tests.handmade import make_version
-from textserve.service.config import BatcherConfig, RuntimeConfig, ServerConfig
+from tests.unit.service.engine.helpers import FailsOn, load
+from textserve.service.config import BatcherConfig
 from textserve.service.engine.batcher import Batcher, BatchOutput, RunStats
-from textserve.service.engine.handle import ModelHandle
 from textserve.service.engine.inference import TextItem
 from textserve.service.engine.subbatches import softmax, split_runs
 from textserve.service.errors import ValidationError
-from textserve.service.metrics import Metrics
-from textserve.service.repository.loader import load_version_dir
 
 
 def cost(lengths: list[int], cuts: list[int], run_cost: int) -> int:
@@ -53,19 +49,6 @@ def test_split_runs_edges() -> None:
     assert split_runs([7] * 50, 0) == []  # equal lengths: nothing to save
     assert split_runs([1, 64], 0) == [1]
     assert split_runs([1, 64], 10**6) == []
-
-
-def load(tmp_path: Path, **batcher: Any) -> tuple[ModelHandle, Metrics]:
-    path = make_version(tmp_path, "m", 1, max_length=6)
-    config = ServerConfig(
-        repository=tmp_path,
-        metrics_port=None,
-        runtime=RuntimeConfig(device="cpu", intra_op_threads=1),
-        batcher=BatcherConfig(**batcher),
-    )
-    metrics = Metrics(CollectorRegistry())
-    metrics.init_model("m")
-    return load_version_dir(path, config, metrics=metrics), metrics
 
 
 TEXTS = ["good", "a good film and a great plot", "bad", "the plot is bad", "awful film", "zzz"]
@@ -181,20 +164,6 @@ def test_batcher_fails_the_rows_a_batch_output_names_and_counts_its_runs() -> No
         await batcher.close()
 
     asyncio.run(main())
-
-
-class FailsOn:
-    """A session that fails any run holding token id `bad` (as onnxruntime fails on an id beyond
-    the embedding), or every run once `broken`; counts its runs."""
-
-    def __init__(self, real: Any, bad: int) -> None:
-        self._real, self.bad, self.broken, self.runs = real, bad, False, 0
-
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        self.runs += 1
-        if self.broken or (input_ids == self.bad).any():
-            raise RuntimeError("Gather: indices element out of data bounds")
-        return np.asarray(self._real.run(input_ids, attention_mask))
 
 
 def test_a_failing_run_is_bisected_so_that_only_the_unusable_texts_fail(tmp_path: Path) -> None:

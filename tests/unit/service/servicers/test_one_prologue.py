@@ -6,7 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-SERVICE = Path(__file__).resolve().parents[3] / "service"
+import textserve.service
+
+# through the package, not this file's place in the checkout: the same folder from any test
+# layout, and in the wheel-shaped staging of `make mutate` (no top-level service/ there)
+SERVICE = Path(textserve.service.__file__).resolve().parent
 
 
 def test_only_resolve_asks_the_repository_for_a_handle() -> None:

@@ -22,7 +22,14 @@ from tokenizers import Tokenizer, models
 
 from tests.handmade import WORDS, make_onnx, make_tokenizer, make_version
 from tests.serving import run_repository as run
-from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, sha256_file
+from tests.unit.service.repository.helpers import (
+    break_checksum,
+    drained,
+    failures,
+    rename_input,
+    reseal,
+)
+from textserve.artifact import MODEL_FILE, TOKENIZER_FILE
 from textserve.service.config import RuntimeConfig
 from textserve.service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
 from textserve.service.metrics import Metrics
@@ -40,22 +47,6 @@ def info(metrics: Metrics) -> list[str]:
         for s in family.samples
         if s.value == 1
     ]
-
-
-def failures(metrics: Metrics, reason: str, model: str = "m") -> float:
-    labels = {"model": model, "reason": reason}
-    return metrics.registry.get_sample_value("textserve_model_load_failures_total", labels) or 0
-
-
-def reseal(path: Path) -> None:
-    """Make the manifest's checksums match the files again (a broken but consistent version)."""
-    manifest = json.loads((path / "manifest.json").read_text())
-    manifest["sha256"] = {f: sha256_file(path / f) for f in (MODEL_FILE, TOKENIZER_FILE)}
-    (path / "manifest.json").write_text(json.dumps(manifest))
-
-
-async def drained(repository: ModelRepository) -> None:
-    await asyncio.gather(*list(repository._drains.values()))
 
 
 def test_a_new_version_is_served_once_ready_and_the_old_one_released(tmp_path: Path) -> None:
@@ -106,22 +97,8 @@ def test_a_request_that_picked_the_old_version_finishes_there(tmp_path: Path) ->
     run(tmp_path, body)
 
 
-def break_checksum(path: Path) -> None:
-    with open(path / MODEL_FILE, "ab") as fh:
-        fh.write(b"corrupted")
-
-
 def break_onnx(path: Path) -> None:
     (path / MODEL_FILE).write_bytes(b"\x08\x07not an onnx graph" * 10)
-    reseal(path)
-
-
-def rename_input(path: Path) -> None:
-    model = onnx.load(str(path / MODEL_FILE))
-    model.graph.input[0].name = "ids"
-    for node in model.graph.node:
-        node.input[:] = ["ids" if i == "input_ids" else i for i in node.input]
-    onnx.save(model, str(path / MODEL_FILE))
     reseal(path)
 
 
@@ -420,7 +397,7 @@ def test_close_cuts_a_drain_short(tmp_path: Path) -> None:
 def test_the_watcher_survives_failing_scans(caplog: pytest.LogCaptureFixture) -> None:
     calls: list[int] = []
 
-    async def poll() -> None:
+    async def failing_scan() -> None:
         calls.append(1)
         if len(calls) == 1:
             raise OSError("repository unmounted")
@@ -428,7 +405,7 @@ def test_the_watcher_survives_failing_scans(caplog: pytest.LogCaptureFixture) ->
             raise RuntimeError("a bug")
 
     async def main() -> None:
-        watcher = RepositoryWatcher(poll, 0.001)
+        watcher = RepositoryWatcher(failing_scan, 0.001)
         watcher.start()
         while len(calls) < 3:
             await asyncio.sleep(0.001)
@@ -439,4 +416,4 @@ def test_the_watcher_survives_failing_scans(caplog: pytest.LogCaptureFixture) ->
     assert "cannot scan the model repository (repository unmounted)" in caplog.text
     assert "RuntimeError: a bug" in caplog.text  # with its traceback
     with pytest.raises(ValueError, match="interval must be positive"):
-        RepositoryWatcher(poll, 0)
+        RepositoryWatcher(failing_scan, 0)

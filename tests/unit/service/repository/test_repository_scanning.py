@@ -25,8 +25,7 @@ import pytest
 from tests.handmade import make_version
 from tests.serving import repository_config, run_repository_with
 from tests.serving import run_repository as run
-from tests.unit.service.test_reload import break_checksum, drained
-from tests.unit.service.test_repository import nothing
+from tests.unit.service.repository.helpers import break_checksum, drained, nothing
 from textserve.artifact import MODEL_FILE
 from textserve.service.errors import ModelNotFoundError, NotReadyError
 from textserve.service.repository import core
@@ -49,6 +48,8 @@ def test_startup_errors_say_what_is_wrong_and_how_to_fix_it(tmp_path: Path) -> N
         f"no model versions in {empty} (expected {empty}/<name>/<version>/manifest.json; "
         "export one with `textserve export`)"
     )
+    missing = tmp_path / "missing"
+    assert startup_error(missing) == f"model repository {missing} is not a directory"
 
     root = tmp_path / "models"
     break_checksum(make_version(root, "m", 1))

@@ -4,9 +4,10 @@ With tracing on, the request's span ends with its status and what it learnt (mod
 texts, tokens, the stages' timings); with the access log on, one JSON line says the same with
 the method, peer, status, seconds and trace id; a sampled request's trace id is the exemplar
 of its latency bucket. A name that reached no model is cut to the name limit, and a trace or
-access log that fails is logged and never changes the request's outcome. Real pieces
-throughout: the OpenTelemetry SDK (an in-memory exporter behind the server's Tracing), the
-server's AccessLog and Metrics on a registry of their own.
+access log that fails is logged and never changes the request's outcome. A request the
+response cache answered says how many of its texts were cached; one without a cache, nothing.
+Real pieces throughout: the OpenTelemetry SDK (an in-memory exporter behind the server's
+Tracing), the server's AccessLog and Metrics on a registry of their own.
 """
 
 from __future__ import annotations
@@ -363,3 +364,30 @@ def test_a_failing_trace_is_logged_and_still_access_logged_and_changes_no_outcom
     fail(obs, ModelNotFoundError("no model named x"), "x", Call())
     failure_logged(caplog, RuntimeError, "tracing")
     assert obs.line()["status"] == "NOT_FOUND"
+
+
+# -- a request the response cache answered -----------------------------------------------------
+
+
+def answer(cached: np.ndarray | None) -> ClassifyResult:
+    return ClassifyResult(
+        probabilities=np.full((3, 2), 0.5, dtype=np.float32),
+        num_tokens=np.array([5, 7, 2], dtype=np.int64),
+        truncated=np.zeros(3, dtype=bool),
+        timings=TIMINGS,
+        cached=cached,
+    )
+
+
+def test_the_span_and_the_access_log_say_how_many_texts_were_cached(tracing: Tracing) -> None:
+    for cached, said in ((np.array([True, False, True]), 2), (None, None)):
+        obs = observer(tracing)
+        with observed(
+            obs.metrics, "Classify", None, "m", context=Call(), telemetry=obs.telemetry
+        ) as seen:
+            seen.reached("m", 3, ["first text", "second", "third"])
+            seen.result = answer(cached)
+        (span,) = obs.spans()
+        assert (span.attributes or {}).get("textserve.cached") == said
+        assert obs.line().get("cached") == said
+        assert ("cached" in obs.line()) is (said is not None)

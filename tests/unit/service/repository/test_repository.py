@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.handmade import make_version
+from tests.unit.service.repository.helpers import nothing
 from textserve.service.config import RuntimeConfig, ServerConfig
 from textserve.service.engine.subbatches import softmax
 from textserve.service.errors import ModelNotFoundError, NotReadyError, ValidationError
@@ -37,10 +38,6 @@ def with_repository(
             await repository.close()
 
     return asyncio.run(main()), metrics
-
-
-async def nothing(repository: ModelRepository) -> None:
-    return None
 
 
 def test_scan_finds_versions_with_manifests_only(tmp_path: Path) -> None:
@@ -91,19 +88,6 @@ def test_refuses_a_manifest_for_another_place(tmp_path: Path) -> None:
     (path / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(StartupError, match="says m version 5"):
         with_repository(tmp_path, nothing)
-
-
-def test_nothing_to_serve_is_a_startup_error(tmp_path: Path) -> None:
-    with pytest.raises(StartupError, match="no model versions"):
-        with_repository(tmp_path, nothing)
-    with pytest.raises(StartupError, match="not a directory"):
-        with_repository(tmp_path / "missing", nothing)
-
-
-def test_named_default_model_must_exist(tmp_path: Path) -> None:
-    make_version(tmp_path, "a", 1)
-    with pytest.raises(StartupError, match="--model 'b' is not in"):
-        with_repository(tmp_path, nothing, model="b")
 
 
 def test_several_models_need_a_name_without_a_default(tmp_path: Path) -> None:

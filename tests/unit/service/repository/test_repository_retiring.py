@@ -18,7 +18,7 @@ import pytest
 
 from tests.handmade import make_version
 from tests.serving import run_repository as run
-from tests.unit.service.test_reload import break_checksum, drained, failures
+from tests.unit.service.repository.helpers import break_checksum, drained, failures
 from textserve.service.config import BatcherConfig
 from textserve.service.engine.handle import ClassifyResult
 from textserve.service.errors import NotReadyError

@@ -25,8 +25,7 @@ import pytest
 
 from tests.handmade import make_version
 from tests.serving import run_repository as run
-from tests.unit.service.test_reload import failures, rename_input, reseal
-from tests.unit.service.test_untrusted_repository import edit_manifest
+from tests.unit.service.repository.helpers import edit_manifest, failures, rename_input, reseal
 from textserve.artifact import MODEL_FILE
 from textserve.service.config import BatcherConfig, RuntimeConfig
 from textserve.service.engine.runtime import Session

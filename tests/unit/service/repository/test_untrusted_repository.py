@@ -21,11 +21,11 @@ import pytest
 
 from tests.handmade import make_version
 from tests.serving import run_repository as run
+from tests.unit.service.repository.helpers import edit_manifest, failures
 from tests.untrusted import OPENED as _OPENED
 from tests.untrusted import WATCHED as _WATCHED
 from textserve import artifact
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, parse_version, sha256_file
-from textserve.service.metrics import Metrics
 from textserve.service.repository import core
 from textserve.service.repository.core import ModelRepository, State
 
@@ -41,17 +41,6 @@ def sentinel(tmp_path: Path) -> Iterator[Path]:
     yield path
     _WATCHED.discard(str(path))
     assert not _OPENED, f"opened outside the repository: {_OPENED}"
-
-
-def failures(metrics: Metrics, reason: str, model: str = "m") -> float:
-    labels = {"model": model, "reason": reason}
-    return metrics.registry.get_sample_value("textserve_model_load_failures_total", labels) or 0
-
-
-def edit_manifest(path: Path, **changes: Any) -> None:
-    data = json.loads((path / "manifest.json").read_text())
-    data.update(changes)
-    (path / "manifest.json").write_text(json.dumps(data))
 
 
 def good_copy(repository: Path, name: str) -> Path:

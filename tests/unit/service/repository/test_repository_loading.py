@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from tests.handmade import make_version
 from tests.serving import repository_config
 from tests.serving import run_repository as run
-from tests.unit.service.test_reload import break_checksum, failures
+from tests.unit.service.repository.helpers import break_checksum, failures
 from textserve.service.config import RuntimeConfig
 from textserve.service.engine.runtime import DeviceUnavailableError
 from textserve.service.errors import LoadFailedError, NotReadyError
