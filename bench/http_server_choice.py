@@ -25,9 +25,9 @@ from textserve.bench.perf_analyzer import (
     ensure_perf_analyzer,
     load_texts,
     perf_analyzer_command,
-    tool_env,
     write_input_data,
 )
+from textserve.bench.perf_analyzer_setup import tool_env
 
 
 def _cpu() -> float:
