@@ -1,8 +1,8 @@
 """Faults of `textserve serve --workers 2`: the supervisor's heartbeat catches a worker that
-stops answering (SIGSTOP stands in for a worker wedged in a native call or with its event loop
-blocked), /readyz goes 503 within --worker-timeout, the worker is killed and replaced, and
-callers fail only for what was in flight on it; a SIGKILLed supervisor's metrics folder is
-removed by the next start."""
+stops answering (SIGSTOP stands in for a worker wedged in a native call; a handler that sleeps
+on the main thread blocks a running worker's event loop), /readyz goes 503 within
+--worker-timeout, the worker is killed and replaced, and callers fail only for what was in
+flight on it; a SIGKILLed supervisor's metrics folder is removed by the next start."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ from textserve.bench.soak import Load as OpenLoad
 from textserve.v1 import classifier_pb2 as pb
 
 TIMEOUT = 2.0  # --worker-timeout of the test: short, so that the test is quick
+
+# Imported by every Python process started with this folder first on PYTHONPATH (the site
+# module's hook): SIGUSR1 then runs a handler that sleeps on the main thread, which is where a
+# worker's event loop runs, so the process is alive, scheduled and holding its sockets, but its
+# loop is blocked, as by a long synchronous call in a handler. Nothing in textserve knows of it.
+BLOCKING_HOOK = """
+import signal, time
+signal.signal(signal.SIGUSR1, lambda *_: time.sleep(3600))
+"""
 
 
 @pytest.fixture
@@ -89,8 +98,18 @@ class Load:
             t.join(timeout=60)
 
 
-def test_a_stopped_worker_is_caught_by_the_heartbeat_and_replaced(repository: Path) -> None:
-    with serve_subprocess(repository, "--workers", "2", "--worker-timeout", str(TIMEOUT)) as server:
+@pytest.mark.parametrize("fault", ["stopped", "blocked"])
+def test_a_stopped_or_blocked_worker_is_caught_by_the_heartbeat_and_replaced(
+    repository: Path, tmp_path: Path, fault: str
+) -> None:
+    """stopped: SIGSTOP (a process wedged outside Python); blocked: its event loop blocked by a
+    synchronous sleep while the process runs (BLOCKING_HOOK)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(BLOCKING_HOOK)
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    flags = ("--workers", "2", "--worker-timeout", str(TIMEOUT))
+    with serve_subprocess(repository, *flags, env={"PYTHONPATH": path}) as server:
         assert server.metrics_url is not None
         url = server.metrics_url
         connections = connections_to_every_worker(server.address, 2)
@@ -101,7 +120,7 @@ def test_a_stopped_worker_is_caught_by_the_heartbeat_and_replaced(repository: Pa
             with Load(connections) as load:
                 poll(lambda: len(load.ok) == 2 and min(load.ok.values()) >= 5, "load")
                 poll(lambda: readyz(url) == 200, "/readyz 200")
-                os.kill(pid, signal.SIGSTOP)
+                os.kill(pid, signal.SIGSTOP if fault == "stopped" else signal.SIGUSR1)
                 stopped = time.monotonic()
                 # a real 503 from the supervisor's readiness, not a probe that got no answer
                 poll(lambda: readyz(url, 0.5) == 503, "/readyz 503", timeout=30, interval=0.02)
@@ -119,7 +138,7 @@ def test_a_stopped_worker_is_caught_by_the_heartbeat_and_replaced(repository: Pa
                 c.close()
         text = server.text()
     print(
-        f"\nSIGSTOP of worker {victim}: /readyz 503 after {noticed:.2f}s "
+        f"\n{fault} worker {victim}: /readyz 503 after {noticed:.2f}s "
         f"(--worker-timeout {TIMEOUT:g}s); ok {dict(load.ok)}, failed {dict(load.failed)} "
         f"{dict(load.codes)}; {on_victim} of {len(connections)} connections on it"
     )
