@@ -63,6 +63,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             R + "test_reload.py",
             R + "test_untrusted_repository.py",
             R + "test_version_policy.py",
+            R + "test_cache_settings.py",  # the cache each serving version is given
             # written against this group's survivors (kept beside the behaviour tests above)
             R + "test_repository_loading.py",
             R + "test_repository_scanning.py",

@@ -65,6 +65,17 @@ def test_loads_the_newest_version_and_makes_the_only_model_default(tmp_path: Pat
     assert metrics.registry.get_sample_value("textserve_model_info", labels) == 1
 
 
+def test_the_model_info_series_names_the_served_versions_precision(tmp_path: Path) -> None:
+    path = make_version(tmp_path, "m", 1)
+    data = json.loads((path / "manifest.json").read_text())
+    data["precision"] = "fp16"  # the manifest's word: the label says what was published
+    (path / "manifest.json").write_text(json.dumps(data))
+
+    _, metrics = with_repository(tmp_path, nothing)
+    labels = {"model": "m", "version": "1", "provider": "CPUExecutionProvider", "precision": "fp16"}
+    assert metrics.registry.get_sample_value("textserve_model_info", labels) == 1
+
+
 def test_refuses_a_version_whose_checksum_does_not_match(tmp_path: Path) -> None:
     make_version(tmp_path, "m", 1)
     newest = make_version(tmp_path, "m", 2)

@@ -22,12 +22,14 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from tests.handmade import make_version
 from tests.serving import run_repository as run
 from tests.unit.service.repository.helpers import edit_manifest, failures, rename_input, reseal
 from textserve.artifact import MODEL_FILE
 from textserve.service.config import BatcherConfig, RuntimeConfig
+from textserve.service.engine import runtime
 from textserve.service.engine.runtime import Session
 from textserve.service.repository.core import ModelRepository, State
 
@@ -114,6 +116,71 @@ def test_two_inference_threads_run_two_batches_of_a_model_at_once(
 
     runtime = RuntimeConfig(device="cpu", intra_op_threads=1, inference_threads=2)
     run(tmp_path, body, runtime=runtime, batcher=BatcherConfig(max_batch_size=1))
+
+
+def take_token_type_ids(path: Path) -> None:
+    """The graph takes a third input, token_type_ids, as BERT-like exports do, and the manifest
+    (format 2) lists it. onnxruntime needs every graph input fed, so a served text proves the
+    loaded version feeds it."""
+    model = onnx.load(str(path / MODEL_FILE))
+    model.graph.input.append(
+        helper.make_tensor_value_info(
+            "token_type_ids", TensorProto.INT64, ["batch_size", "sequence_length"]
+        )
+    )
+    onnx.save(model, str(path / MODEL_FILE))
+    edit_manifest(path, format_version=2, inputs=["input_ids", "attention_mask", "token_type_ids"])
+    reseal(path)
+
+
+def test_a_graph_that_takes_token_type_ids_serves_as_its_manifest_lists_them(
+    tmp_path: Path,
+) -> None:
+    make_version(tmp_path, "m", 1)
+    take_token_type_ids(make_version(tmp_path, "m", 2, seed=1))
+
+    async def body(repository: ModelRepository) -> None:
+        assert repository.models["m"].versions[2].state is State.READY
+        handle = repository.get()
+        assert handle.version == 2
+        result = await handle.classify(["a good film", "the plot is awful"])
+        assert result.probabilities.shape == (2, 2)
+
+    metrics = run(tmp_path, body)
+    assert failures(metrics, "contract_mismatch") == 0
+
+
+def test_a_model_file_rewritten_while_onnxruntime_reads_it_is_refused_then_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes onnxruntime read may not be the ones hashed: refused as a checksum mismatch
+    naming the file, and loaded at the next scan once the writer is done (its files changed)."""
+    make_version(tmp_path, "m", 1)
+    rewritten = make_version(tmp_path, "m", 2, seed=1) / MODEL_FILE
+    real = runtime.Session
+    writes: list[Path] = []
+
+    class RewrittenWhileRead(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if kwargs.get("source") == rewritten and not writes:
+                writes.append(rewritten)
+                rewritten.write_bytes(rewritten.read_bytes())  # in place, the same bytes
+
+    monkeypatch.setattr(runtime, "Session", RewrittenWhileRead)
+
+    async def body(repository: ModelRepository) -> None:
+        entry = repository.models["m"].versions[2]
+        assert writes == [rewritten]
+        assert entry.state is State.FAILED
+        assert entry.reason == f"{rewritten} changed while it was loaded; it is tried again later"
+        assert repository.get().version == 1
+        assert (2, "loaded") in [(e.version, e.action) for e in await repository.reconcile()]
+        assert repository.get().version == 2
+
+    metrics = run(tmp_path, body)
+    assert failures(metrics, "checksum_mismatch") == 1
+    assert failures(metrics, "other") == 0
 
 
 # -- fingerprints: what makes a refused version worth another try --------------------------------

@@ -17,16 +17,16 @@ from textserve.service.repository.records import (
 
 A, L, R, U, F = State.AVAILABLE, State.LOADING, State.READY, State.UNLOADING, State.FAILED
 HANDLE: Any = object()  # a stand-in: records never call their handle
-# method -> (the states it may leave, the state it enters, its arguments)
-LEGAL: dict[str, tuple[set[State], State, tuple[Any, ...]]] = {
-    "start_loading": ({A}, L, ()),
-    "loaded": ({L}, R, (HANDLE,)),
-    "refuse": ({L}, F, ("checksum mismatch",)),
-    "abandon_load": ({L}, A, ()),
-    "retry": ({F}, A, ()),
-    "retire": ({R}, U, ()),
-    "released": ({U}, A, ()),
-    "closed": ({R, U}, A, ()),
+# method -> (the states it may leave, as its refusal lists them; the state it enters; its arguments)
+LEGAL: dict[str, tuple[tuple[State, ...], State, tuple[Any, ...]]] = {
+    "start_loading": ((A,), L, ()),
+    "loaded": ((L,), R, (HANDLE,)),
+    "refuse": ((L,), F, ("checksum mismatch",)),
+    "abandon_load": ((L,), A, ()),
+    "retry": ((F,), A, ()),
+    "retire": ((R,), U, ()),
+    "released": ((U,), A, ()),
+    "closed": ((R, U), A, ()),
 }
 
 
@@ -39,8 +39,11 @@ def test_each_transition_leaves_only_its_source_states(method: str, state: State
         getattr(entry, method)(*args)
         assert entry.state is target
     else:
-        with pytest.raises(IllegalTransition, match=f"version 3: {state.value} -> "):
+        with pytest.raises(IllegalTransition) as refused:
             getattr(entry, method)(*args)
+        only = " or ".join(s.value for s in sources)
+        expected = f"version 3: {state.value} -> {target.value} (only from {only})"
+        assert str(refused.value) == expected
         assert entry.state is state and entry.reason == "old"  # nothing changed
 
 
