@@ -157,10 +157,9 @@ def test_a_model_file_rewritten_while_onnxruntime_reads_it_is_refused_then_tried
     naming the file, and loaded at the next scan once the writer is done (its files changed)."""
     make_version(tmp_path, "m", 1)
     rewritten = make_version(tmp_path, "m", 2, seed=1) / MODEL_FILE
-    real = runtime.Session
     writes: list[Path] = []
 
-    class RewrittenWhileRead(real):  # type: ignore[misc, valid-type]
+    class RewrittenWhileRead(Session):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             if kwargs.get("source") == rewritten and not writes:
