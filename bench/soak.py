@@ -46,6 +46,14 @@ from textserve.v1 import classifier_pb2_grpc as pb_grpc
 TEXTS = ["a gripping, beautifully acted film", "dull", "the plot is a mess and far too long"]
 WARMUP = 60.0  # seconds left out of the slopes: allocators and caches fill first
 KILL_GRACE = 5.0  # errors this long after the worker kill are its in-flight calls
+# The bound on memory growth: a process is flat when the median RSS of its last minute exceeds
+# that of its first minute after warm-up by at most GROWTH_MB or GROWTH_FRACTION of it, the
+# larger. Medians over a minute each, so that one reload's second session (the old version is
+# retired a moment after the new one loads: ~+10 MiB for a second or two) or a burst of
+# requests is not growth; an 8-minute run cannot show a leak slower than this, a longer one
+# (SOAK_MINUTES=30) tightens it per hour.
+GROWTH_MB = 8.0
+GROWTH_FRACTION = 0.05
 
 
 def _proc(pid: int) -> dict[str, float] | None:
@@ -193,6 +201,25 @@ def slope_per_hour(times: list[float], values: list[float]) -> float | None:
     return float(np.polyfit(np.asarray(times), np.asarray(values), 1)[0] * 3600)
 
 
+def rss_growth(points: list[tuple[float, float]]) -> dict[str, float] | None:
+    """A process's (seconds since its first sample, RSS MiB) series judged against the bound:
+    the median of the last minute minus that of the first minute after WARMUP; None when the
+    process lived too short for two minutes after its warm-up."""
+    if not points:
+        return None
+    first = points[0][0]
+    later = [(t - first, v) for t, v in points if t - first >= WARMUP]
+    if not later or later[-1][0] - later[0][0] < 120:
+        return None
+    start = [v for t, v in later if t - later[0][0] < 60]
+    end = [v for t, v in later if later[-1][0] - t < 60]
+    before, after = float(np.median(start)), float(np.median(end))
+    bound = max(GROWTH_MB, GROWTH_FRACTION * before)
+    return {"start_mb": round(before, 1), "end_mb": round(after, 1),
+            "growth_mb": round(after - before, 1), "bound_mb": round(bound, 1),
+            "flat": after - before <= bound}  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="textserve-soak-"))
     source = newest_version(args.repository / args.model, complete=True)
@@ -253,7 +280,7 @@ def summarize(
         c for t, c in load.failures
         if kill_at is not None and 0 <= t - t0 - kill_at <= KILL_GRACE
     ]  # fmt: skip
-    slopes = {}
+    slopes, growth = {}, {}
     for pid in {p for s in samples for p in s["processes"]}:
         points = [(s["t"], s["processes"][pid]["rss_mb"]) for s in samples if pid in s["processes"]]
         first = points[0][0]
@@ -261,6 +288,8 @@ def summarize(
         slope = slope_per_hour([t for t, _ in later], [v for _, v in later])
         if slope is not None:
             slopes[pid] = round(slope, 1)
+        if (judged := rss_growth(points)) is not None:
+            growth[pid] = judged
     result = {
         "minutes": args.minutes,
         "workers": args.workers,
@@ -273,6 +302,8 @@ def summarize(
         "errors_of_the_killed_worker": len(by_kill),
         "errors_otherwise": len(load.failures) - len(by_kill),
         "rss_slope_mb_per_hour": slopes,
+        "rss_growth": growth,
+        "rss_flat": all(g["flat"] for g in growth.values()) if growth else None,
         "events": events,
         "samples": samples,
     }
@@ -324,6 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{KILL_GRACE:g}s of the worker kill); RSS slope after warm-up, MiB/hour per process: "
         f"{result['rss_slope_mb_per_hour']}; wrote {args.output}/soak.json and soak.png"
     )
+    for pid, g in sorted(result["rss_growth"].items()):
+        print(
+            f"  pid {pid}: RSS {g['start_mb']:.1f} -> {g['end_mb']:.1f} MiB (first and last minute "
+            f"after warm-up), growth {g['growth_mb']:+.1f} MiB, bound {g['bound_mb']:.1f}: "
+            + ("flat" if g["flat"] else "GROWING")
+        )
+    verdict = {True: "flat", False: "NOT flat", None: "not judged (too short)"}[result["rss_flat"]]
+    print(f"memory: {verdict}; errors besides the killed worker's: {result['errors_otherwise']}")
     return 0
 
 

@@ -1,0 +1,39 @@
+"""The soak's memory verdict (bench/soak.py): the first and the last minute after warm-up,
+medians, against the stated bound; a reload's brief second session is not growth."""
+
+from __future__ import annotations
+
+import pytest
+
+from textserve.bench.soak import GROWTH_MB, WARMUP, rss_growth
+
+
+def series(seconds: int, rss: float, slope_per_minute: float = 0.0) -> list[tuple[float, float]]:
+    """One sample a second; every 60 s a reload: 3 s with a second session (+10 MiB)."""
+    return [
+        (float(t), rss + slope_per_minute * t / 60 + (10.0 if t % 60 < 3 else 0.0))
+        for t in range(seconds)
+    ]
+
+
+def test_a_flat_process_with_reload_spikes_is_flat() -> None:
+    judged = rss_growth(series(480, 110.0))
+    assert judged is not None and judged["flat"]
+    assert judged["growth_mb"] == pytest.approx(0.0) and judged["start_mb"] == 110.0
+
+
+def test_a_process_that_grows_beyond_the_bound_is_not_flat() -> None:
+    # 2 MiB a minute: ~11 MiB between the first and last minute after warm-up of 8 minutes
+    judged = rss_growth(series(480, 110.0, slope_per_minute=2.0))
+    assert judged is not None and not judged["flat"]
+    assert judged["growth_mb"] > judged["bound_mb"] == GROWTH_MB
+    # the same growth spread over a long soak's larger process is within 5 % of it
+    assert rss_growth(series(480, 400.0, slope_per_minute=2.0))["flat"]  # type: ignore[index]
+
+
+def test_a_process_too_short_lived_is_not_judged() -> None:
+    assert rss_growth(series(int(WARMUP) + 100, 110.0)) is None
+    assert rss_growth([]) is None
+    # a replacement worker is judged from its own first sample, not the soak's start
+    late = [(t + 240.0, v) for t, v in series(240, 100.0)]
+    assert rss_growth(late) is not None
