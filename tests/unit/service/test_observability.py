@@ -1,27 +1,22 @@
 """The observability pieces with fakes (issue 17): exemplars in the OpenMetrics exposition,
-prediction series, the access log's token bucket, the flags, the engine's batch-trace hook,
-the client's traceparent, and that tracing off imports no opentelemetry."""
+prediction series, the access log's token bucket, the flags, and that tracing off imports no
+opentelemetry (the engine's batch-trace hook: tests/unit/service/engine/test_batch_trace.py;
+the client's traceparent: tests/unit/textserve/test_client.py)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
 from textserve.cli import CliError, build_parser
-from textserve.client import _traced
 from textserve.service import cli as serve_cli
 from textserve.service.access_log import AccessLog, TokenBucket
-from textserve.service.config import BatcherConfig
-from textserve.service.engine.batcher import Batcher, RunStats
 from textserve.service.metrics import Metrics, start_metrics_server
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -153,78 +148,3 @@ def test_tracing_off_never_imports_opentelemetry() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-
-
-def test_the_client_sends_the_current_span_as_traceparent() -> None:
-    from opentelemetry.sdk.trace import TracerProvider
-
-    token = (("authorization", "Bearer x"),)
-    assert _traced(token) == token  # no current span
-    tracer = TracerProvider().get_tracer("caller")
-    with tracer.start_as_current_span("caller") as span:
-        metadata = dict(_traced(token))
-    context = span.get_span_context()
-    assert metadata["authorization"] == "Bearer x"
-    version, trace_id, span_id, flags = metadata["traceparent"].split("-")
-    assert (version, trace_id, span_id) == (
-        "00",
-        f"{context.trace_id:032x}",
-        f"{context.span_id:016x}",
-    )
-    assert int(flags, 16) & 1  # sampled
-
-
-class FakeTrace:
-    def __init__(self, calls: list[Any], fail: bool = False) -> None:
-        self.calls = calls
-        self.fail = fail
-
-    def on_batch(
-        self,
-        traces: Sequence[Any],
-        started_ago: float,
-        seconds: float,
-        runs: Sequence[RunStats],
-        attributes: Mapping[str, str | int],
-    ) -> None:
-        if self.fail:
-            raise RuntimeError("tracing broke")
-        self.calls.append((list(traces), started_ago, seconds, list(runs), dict(attributes)))
-
-
-@pytest.mark.parametrize("fail", [False, True])
-def test_the_engine_reports_each_batch_to_its_traced_requests(fail: bool) -> None:
-    calls: list[Any] = []
-    traces = [FakeTrace(calls, fail), FakeTrace(calls, fail)]
-
-    async def main() -> list[Any]:
-        batcher = Batcher(
-            lambda payloads: np.ones((len(payloads), 2)),
-            BatcherConfig(),
-            trace_attributes={"textserve.model": "m"},
-        )
-        batcher.start()
-        batcher.pause()
-        submits = [
-            batcher.submit(["a", "b"], [1, 2], trace=traces[0]),
-            batcher.submit(["c"], [1]),  # not traced
-            batcher.submit(["d"], [3], trace=traces[1]),
-        ]
-        tasks = [asyncio.ensure_future(s) for s in submits]
-        await asyncio.sleep(0)
-        batcher.resume()
-        results = await asyncio.gather(*tasks)  # a broken trace never fails the batch
-        await batcher.close()
-        return results
-
-    results = asyncio.run(main())
-    assert [r.outputs.shape for r in results] == [(2, 2), (1, 2), (1, 2)]
-    if fail:
-        assert calls == []
-        return
-    assert len(calls) == 1
-    linked, started_ago, seconds, runs, attributes = calls[0]
-    assert linked == traces  # each traced request once
-    assert started_ago >= seconds >= 0
-    assert sum(run.size for run in runs) == 4
-    assert attributes == {"textserve.model": "m"}

@@ -1,19 +1,17 @@
-"""Unit tests of the serving edges: the error table, configuration checks, the CLIs' parsing."""
+"""The serving configuration's checks and `textserve serve`'s flags (service/config.py,
+service/cli.py): each bad value names its flag; flags, TEXTSERVE_* fallbacks and the
+dataclasses' defaults build one ServerConfig."""
 
 from __future__ import annotations
 
 import argparse
-import io
 from pathlib import Path
 
 import pytest
 
 from textserve.cli import CliError, build_parser
-from textserve.client import ClientError, Prediction, to_result
-from textserve.commands import classify as classify_cli
 from textserve.service import cli as serve_cli
 from textserve.service.config import BatcherConfig, ConfigError, RuntimeConfig, ServerConfig
-from textserve.v1 import classifier_pb2 as pb
 
 
 @pytest.mark.parametrize(
@@ -72,56 +70,3 @@ def test_serve_flags_fall_back_to_the_environment(monkeypatch: pytest.MonkeyPatc
 def test_serve_bad_values_are_cli_errors() -> None:
     with pytest.raises(CliError, match="--max-batch-tokens must be at least 1"):
         serve_cli.build_config(parse(["serve", "--max-batch-tokens", "0"]))
-
-
-def test_classify_reads_arguments_file_or_stdin(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    assert classify_cli.read_texts(parse(["classify", "a", "b"])) == ["a", "b"]
-    path = tmp_path / "texts.txt"
-    path.write_text("one\n\n two \n")
-    assert classify_cli.read_texts(parse(["classify", "--file", str(path)])) == ["one", " two "]
-    monkeypatch.setattr("sys.stdin", io.StringIO("x\ny\n"))
-    assert classify_cli.read_texts(parse(["classify"])) == ["x", "y"]
-    with pytest.raises(CliError, match="cannot read"):
-        classify_cli.read_texts(parse(["classify", "--file", str(tmp_path / "nope")]))
-    monkeypatch.setattr("sys.stdin", io.StringIO("\n \n"))
-    with pytest.raises(CliError, match="only blank lines"):
-        classify_cli.read_texts(parse(["classify"]))
-
-
-def test_classify_table_is_readable() -> None:
-    predictions = [
-        Prediction("positive", 0.9876, scores={"negative": 0.0124, "positive": 0.9876}),
-        Prediction("negative", 0.5),
-    ]
-    table = classify_cli.format_table(["a fine film", "x" * 100], predictions, True, 0)
-    lines = table.splitlines()
-    assert lines[0].split() == ["LABEL", "SCORE", "TEXT"]
-    assert lines[1].startswith("positive  0.9876  a fine film  negative=0.0124 positive=0.9876")
-    assert lines[2].endswith("...") and len(lines[2]) < 90
-
-
-def test_client_result_conversion() -> None:
-    response = pb.ClassifyResponse(
-        model="m",
-        model_version=3,
-        labels=["neg", "pos"],
-        results=[pb.TextResult(label="pos", score=0.75, scores=[0.25, 0.75], num_tokens=4)],
-    )
-    result = to_result(response)
-    assert (result.model, result.version) == ("m", 3)
-    assert result.predictions[0].scores == {"neg": 0.25, "pos": 0.75}
-    assert result.predictions[0].num_tokens == 4
-
-
-def test_client_refuses_a_single_string() -> None:
-    from textserve.client import _request
-
-    with pytest.raises(TypeError, match="not one string"):
-        _request("abc", None, None, None, 0, False, "")
-
-
-def test_client_error_carries_the_code() -> None:
-    err = ClientError("NOT_FOUND", "model 'x' not found")
-    assert err.code == "NOT_FOUND" and str(err) == "NOT_FOUND: model 'x' not found"
