@@ -100,6 +100,7 @@ class Prediction:
     truncated: bool = False
     # multi-label models: every label whose score reaches the threshold
     labels_over_threshold: list[str] = field(default_factory=list)
+    cached: bool = False  # answered from the server's response cache, without inference
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,7 @@ def to_result(response: pb.ClassifyResponse) -> ClassifyResult:
             num_tokens=r.num_tokens,
             truncated=r.truncated,
             labels_over_threshold=list(r.labels_over_threshold),
+            cached=r.cached,
         )
         for r in response.results
     ]
@@ -302,6 +304,8 @@ class Client(BlockingClient):
         texts_per_message: int = 1,
         max_inflight: int = 64,
         timeout: float | None = None,
+        text_pairs: Iterable[str] | None = None,
+        threshold: float | None = None,
     ) -> Iterator[ClassifyResult]:
         """Classify a long (or endless) iterable of texts over ClassifyStream: one result per
         message of `texts_per_message` texts, yielded in the order of `texts`, as they come.
@@ -317,11 +321,24 @@ class Client(BlockingClient):
         message) and ends every stream; `timeout`: for the whole stream (None: none)."""
         if texts_per_message < 1 or max_inflight < 1:
             raise ValueError("texts_per_message and max_inflight must be at least 1")
-        feed = _StreamFeed(
-            texts,
-            lambda chunk, request_id: _request(
-                chunk, model, version, truncate, top_k, all_scores, request_id
-            ),
+
+        def build(chunk: Sequence[Any], request_id: str) -> pb.ClassifyRequest:
+            if text_pairs is None:
+                return _request(
+                    chunk, model, version, truncate, top_k, all_scores, request_id, None, threshold
+                )
+            firsts, seconds = [a for a, _ in chunk], [b for _, b in chunk]
+            return _request(
+                firsts, model, version, truncate, top_k, all_scores, request_id, seconds, threshold
+            )
+
+        if isinstance(text_pairs, str):
+            raise TypeError("text_pairs must be an iterable of strings, not one string")
+        from textserve.stream_feed import StreamFeed, aligned  # imports this module
+
+        feed = StreamFeed(
+            texts if text_pairs is None else aligned(texts, text_pairs),
+            build,
             texts_per_message,
             max_inflight,
             streams=len(self._stubs),
@@ -353,97 +370,6 @@ class Client(BlockingClient):
         return self._call(
             self.stub.GetModel, pb.GetModelRequest(name=name or "", version=version or 0)
         )
-
-
-class _StreamFeed:
-    """Client.classify_stream's bookkeeping: one shared input, request generators for the
-    streams (each takes the next message, within the in-flight limit), reader threads that
-    file answers by id, and the ordered results."""
-
-    def __init__(
-        self,
-        texts: Iterable[str],
-        build: Any,
-        texts_per_message: int,
-        max_inflight: int,
-        *,
-        streams: int,
-    ) -> None:
-        if isinstance(texts, str):
-            raise TypeError("texts must be an iterable of strings, not one string")
-        self._texts = iter(texts)
-        self._build = build
-        self._per_message = texts_per_message
-        self._lock = threading.Lock()
-        self._permits = threading.Semaphore(max_inflight)
-        self._answers: dict[int, pb.ClassifyResponse] = {}
-        self._ready = threading.Condition(self._lock)
-        self._sent = 0  # messages taken from the input so far
-        self._exhausted = False
-        self._readers_left = streams  # reader threads still reading
-        self._failure: BaseException | None = None
-        self._stopped = False
-
-    def requests(self) -> Iterator[pb.ClassifyRequest]:
-        while True:
-            # the permit is returned when the message's answer is yielded to the caller
-            while not self._permits.acquire(timeout=0.1):
-                if self._stopped:
-                    return
-            with self._lock:
-                if self._stopped or self._exhausted:
-                    self._permits.release()
-                    return
-                chunk = list(itertools.islice(self._texts, self._per_message))
-                if not chunk:
-                    self._exhausted = True
-                    self._ready.notify_all()
-                    self._permits.release()
-                    return
-                index = self._sent
-                self._sent += 1
-            yield self._build(chunk, str(index))
-
-    def read(self, call: Any) -> None:
-        try:
-            for response in call:
-                with self._lock:
-                    self._answers[int(response.id)] = response
-                    self._ready.notify_all()
-        except grpc.RpcError as exc:
-            with self._lock:
-                if not self._stopped and self._failure is None:
-                    self._failure = ClientError.from_rpc(exc)
-        finally:
-            with self._lock:
-                self._readers_left -= 1
-                self._ready.notify_all()
-
-    def results(self) -> Iterator[ClassifyResult]:
-        index = 0
-        while True:
-            with self._lock:
-                while index not in self._answers:
-                    if self._failure is not None:
-                        raise self._failure
-                    if self._exhausted and index >= self._sent:
-                        return
-                    if self._readers_left <= 0:  # every stream ended, this answer missing
-                        raise ClientError("UNAVAILABLE", "the stream ended before every answer")
-                    self._ready.wait(0.5)
-                response = self._answers.pop(index)
-            self._permits.release()
-            if response.HasField("error"):
-                code = _CODE_NAMES.get(response.error.code, "UNKNOWN")
-                first = index * self._per_message  # its texts' positions in the input
-                raise ClientError(code, f"texts {first}..: {response.error.message}")
-            yield to_result(response)
-            index += 1
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            self._ready.notify_all()
 
 
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}

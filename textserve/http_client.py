@@ -73,8 +73,12 @@ class HttpClient:
         truncate: bool | None = None,
         top_k: int = 0,
         all_scores: bool = False,
+        text_pairs: Sequence[str] | None = None,
+        threshold: float | None = None,
     ) -> ClassifyResult:
-        message = _request(texts, model, version, truncate, top_k, all_scores, "")
+        message = _request(
+            texts, model, version, truncate, top_k, all_scores, "", text_pairs, threshold
+        )
         document: dict[str, Any] = {
             "texts": list(message.texts),
             "model": message.model,
@@ -84,6 +88,10 @@ class HttpClient:
         }
         if message.HasField("truncate"):
             document["truncate"] = message.truncate
+        if message.text_pairs:
+            document["text_pairs"] = list(message.text_pairs)
+        if message.HasField("threshold"):
+            document["threshold"] = message.threshold
         request = urllib.request.Request(
             self.url, data=json.dumps(document).encode(), headers=self._headers, method="POST"
         )

@@ -369,3 +369,87 @@ def test_classify_stream_takes_pairs_and_thresholds(stub: pb_grpc.ClassifierStub
     ]
     assert answers["bad"].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert "'nli' is softmax" in answers["bad"].error.message
+
+
+@pytest.mark.parametrize("route", ["grpc", "grpc --stream", "http"])
+def test_the_classify_cli_sends_pairs_and_a_threshold(
+    server: RunningServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    route: str,
+) -> None:
+    """`textserve classify TEXT ... --pair TEXT ...` (or --pairs-file) over gRPC, its stream
+    and HTTP: the scores of the pairs as numpy has them, and --threshold's labels."""
+    from textserve.cli import main as cli_main
+
+    where = (
+        ["--server", f"http://127.0.0.1:{server.server.metrics_port}"]
+        if route == "http"
+        else ["--server", server.address, *route.split()[1:]]
+    )
+    pairs = [arg for pair in PAIRS for arg in ("--pair", pair)]
+    common = [*where, "--json", "--all-scores", "--batch-size", "3"]
+    assert cli_main(["classify", *TEXTS, *pairs, "--model", "nli", *common]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    expected = softmax(reference_logits(2, 3, TEXTS, PAIRS))
+    np.testing.assert_allclose([list(r["scores"].values()) for r in results], expected, atol=1e-5)
+    assert [r["pair"] for r in results] == PAIRS
+    # the same through --file and --pairs-file, as a table
+    (tmp_path / "a.txt").write_text("\n".join(TEXTS) + "\n")
+    (tmp_path / "b.txt").write_text("\n".join(PAIRS) + "\n")
+    files = ["--file", str(tmp_path / "a.txt"), "--pairs-file", str(tmp_path / "b.txt")]
+    assert cli_main(["classify", *files, "--model", "nli", *where]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 1 + len(TEXTS) and table[1].endswith("a good film / a man sleeps")
+    # multi-label: the labels over --threshold, in the JSON and the table
+    multi = ["classify", *TEXTS, "--model", "multi", *where, "--threshold", "0.95"]
+    assert cli_main([*multi, "--json"]) == 0
+    listed = [r["labels_over_threshold"] for r in json.loads(capsys.readouterr().out)["results"]]
+    assert listed == [
+        [label for label, score in zip(MULTI, row, strict=True) if score >= 0.95]
+        for row in sigmoid(reference_logits(3, 1, TEXTS))
+    ]
+    assert cli_main(multi) == 0
+    shown = capsys.readouterr().out.splitlines()[1:]
+    for line, labels in zip(shown, listed, strict=True):
+        assert line.endswith("[" + ", ".join(labels) + "]") == bool(labels), line
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["a", "b", "--pair", "c"], "1 second texts (--pair/--pairs-file) for 2 texts"),
+        (["a", "--pair", "b", "--pairs-file", "x"], "with --pair or with --pairs-file, not both"),
+        (["a", "--pairs-file", "/no/such/file"], "cannot read /no/such/file"),
+        (["a", "--threshold", "1.5"], "--threshold must be within (0, 1), got 1.5"),
+        (["a", "--pair", "b", "--model", "plain"], "takes no sentence pairs"),
+    ],
+)
+def test_bad_pairs_and_thresholds_are_one_line_and_exit_2(
+    server: RunningServer, capsys: pytest.CaptureFixture[str], args: list[str], said: str
+) -> None:
+    from textserve.cli import main as cli_main
+
+    assert cli_main(["classify", *args, "--server", server.address]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1, err
+
+
+def test_a_stream_whose_pairs_run_out_is_refused_by_the_client(server: RunningServer) -> None:
+    from textserve.client import Client, ClientError
+
+    with Client(server.address) as client:
+        with pytest.raises(ClientError, match="INVALID_ARGUMENT") as refused:
+            list(client.classify_stream(iter(TEXTS), model="nli", text_pairs=iter(PAIRS[:2])))
+        assert "zip()" in refused.value.message
+        streamed = list(client.classify_stream(TEXTS, model="nli", text_pairs=PAIRS, top_k=2))
+        unary = client.classify(TEXTS, model="nli", text_pairs=PAIRS, top_k=2)
+    tops = [p.top for r in streamed for p in r.predictions]
+    assert [[label for label, _ in top] for top in tops] == [
+        [label for label, _ in p.top] for p in unary.predictions
+    ]  # the same pairs, batched otherwise: equal up to float rounding
+    np.testing.assert_allclose(
+        [[s for _, s in top] for top in tops],
+        [[s for _, s in p.top] for p in unary.predictions],
+        atol=1e-6,
+    )

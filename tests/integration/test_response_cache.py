@@ -91,6 +91,29 @@ def test_a_repeated_text_is_answered_from_the_cache_with_the_scores_of_a_miss(
         assert 0 < sample(srv, "textserve_cache_bytes", model=model) <= 2**20
 
 
+def test_the_clients_say_which_texts_came_from_the_cache(tiny_repository: Path) -> None:
+    """Client and HttpClient (POST /v1/classify) carry each text's `cached` flag, and so does
+    `textserve classify --json`."""
+    from textserve.client import Client
+    from textserve.http_client import HttpClient
+
+    with running_server(tiny_repository, cache_size=CacheSize.parse("1MiB"), metrics_port=0) as srv:
+        http = f"http://127.0.0.1:{srv.server.metrics_port}"
+        with Client(srv.address) as client, HttpClient(http) as over_http:
+            assert [p.cached for p in client.classify(TEXTS).predictions] == [False, False]
+            assert [p.cached for p in over_http.classify(TEXTS).predictions] == [True, True]
+            mixed = over_http.classify([TEXTS[0], "not sent before"]).predictions
+            assert [p.cached for p in mixed] == [True, False]
+            streamed = [p.cached for r in client.classify_stream(TEXTS) for p in r.predictions]
+            assert streamed == [True, True]
+        command = [sys.executable, "-m", "textserve.cli", "classify", "--json", *TEXTS]
+        done = subprocess.run(
+            [*command, "--server", http], capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
+        assert done.returncode == 0, done.stderr
+        assert [r["cached"] for r in json.loads(done.stdout)["results"]] == [True, True]
+
+
 def test_without_a_size_nothing_is_cached(tiny_repository: Path) -> None:
     with running_server(tiny_repository) as srv, srv.channel() as channel:
         stub = pb_grpc.ClassifierStub(channel)

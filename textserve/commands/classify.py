@@ -1,7 +1,9 @@
 """`textserve classify [TEXT ...]`: classify texts against a running server.
 
-Texts come from the arguments, else from --file, else one per line from standard input.
-Prints a table (label, score, text) by default; --json prints one JSON document.
+Texts come from the arguments, else from --file, else one per line from standard input;
+sentence pairs (a model exported with a pair template, e.g. NLI) take their second texts from
+--pair (once per text) or --pairs-file (line by line). Prints a table (label, score, text) by
+default; --json prints one JSON document.
 --stream sends them over ClassifyStream (the bulk path: cheaper per text on the server),
 with a progress line on standard error when it is a terminal.
 """
@@ -23,6 +25,21 @@ from textserve.cli import CliError, env_flag
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to classify")
     parser.add_argument("--file", help="read texts from this file, one per line ('-': stdin)")
+    parser.add_argument(
+        "--pair",
+        action="append",
+        metavar="TEXT",
+        help="the second text of a sentence pair, once per TEXT in the same order",
+    )
+    parser.add_argument(
+        "--pairs-file", help="second texts of sentence pairs, one per line, line N for text N"
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        help="multi-label models: the score a label must reach to be listed, in (0, 1) "
+        "(default: the model's own)",
+    )
     env_flag(parser, "TEXTSERVE_", "server", "127.0.0.1:50051", "server address HOST:PORT; "
              "several (comma-separated) or dns:///NAME:PORT: balanced per request; "
              "http://HOST:PORT: over the HTTP port (POST /v1/classify)")  # fmt: skip
@@ -85,6 +102,29 @@ def read_texts(args: argparse.Namespace) -> list[str]:
     return texts
 
 
+def read_pairs(args: argparse.Namespace, texts: Sequence[str]) -> list[str] | None:
+    """The second texts of sentence pairs, one per text, or None when none were given."""
+    if args.pair is not None and args.pairs_file is not None:
+        raise CliError("give the pairs' second texts with --pair or with --pairs-file, not both")
+    if args.pair is not None:
+        pairs = list(args.pair)
+    elif args.pairs_file is not None:
+        try:
+            with open(args.pairs_file, encoding="utf-8") as fh:
+                pairs = [line for line in fh.read().splitlines() if line.strip()]
+        except OSError as exc:
+            raise CliError(f"cannot read {args.pairs_file}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise CliError(
+                f"{args.pairs_file} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
+    else:
+        return None
+    if len(pairs) != len(texts):
+        raise CliError(f"{len(pairs)} second texts (--pair/--pairs-file) for {len(texts)} texts")
+    return pairs
+
+
 def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -98,6 +138,8 @@ def format_table(texts: Sequence[str], predictions: list[Any], all_scores: bool,
         extra = "".join(
             f"  {k}={v:.4f}" if i == 0 else f" {k}={v:.4f}" for i, (k, v) in enumerate(shown_scores)
         )
+        if pred.labels_over_threshold:  # multi-label: every label that reached the threshold
+            extra += "  [" + ", ".join(pred.labels_over_threshold) + "]"
         shown = " ".join(text.split())
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         rows.append((pred.label, f"{pred.score:.4f}", shown + extra))
@@ -135,7 +177,10 @@ class Progress:
 
 
 def _unary(
-    args: argparse.Namespace, requests: list[Sequence[str]], connections: int
+    args: argparse.Namespace,
+    requests: list[Sequence[str]],
+    pairs: list[Sequence[str]] | None,
+    connections: int,
 ) -> tuple[list[Any], str | None, int | None]:
     """Unary Classify calls of --batch-size texts, `connections` in flight, answers in order
     (over HTTP, POST /v1/classify, when --server is an http:// or https:// URL)."""
@@ -154,7 +199,7 @@ def _unary(
         ThreadPoolExecutor(connections) as pool,
     ):
 
-        def classify(chunk: Sequence[str]) -> Any:
+        def classify(chunk: Sequence[str], second: Sequence[str] | None) -> Any:
             return client.classify(
                 chunk,
                 model=args.model,
@@ -162,12 +207,49 @@ def _unary(
                 truncate=False if args.no_truncate else None,
                 top_k=args.top_k,
                 all_scores=args.all_scores,
+                text_pairs=second,
+                threshold=args.threshold,
             )
 
-        for result in pool.map(classify, requests):  # in order, `connections` at a time
+        seconds = pairs if pairs is not None else [None] * len(requests)
+        for result in pool.map(classify, requests, seconds):  # in order, `connections` at once
             model, version = result.model, result.version
             predictions.extend(result.predictions)
     return predictions, model, version
+
+
+def json_document(
+    args: argparse.Namespace,
+    texts: Sequence[str],
+    pairs: Sequence[str] | None,
+    predictions: list[Any],
+    model: str | None,
+    version: int | None,
+) -> dict[str, Any]:
+    """--json's document: the model and one result per text, with what the flags asked for."""
+    return {
+        "model": model,
+        "version": version,
+        "results": [
+            {
+                "text": text,
+                **({"pair": pairs[i]} if pairs is not None else {}),
+                "label": p.label,
+                "score": p.score,
+                **({"scores": p.scores} if args.all_scores else {}),
+                **({"top": [list(t) for t in p.top]} if args.top_k else {}),
+                **(
+                    {"labels_over_threshold": p.labels_over_threshold}
+                    if p.labels_over_threshold or args.threshold is not None
+                    else {}
+                ),
+                "num_tokens": p.num_tokens,
+                "truncated": p.truncated,
+                "cached": p.cached,
+            }
+            for i, (text, p) in enumerate(zip(texts, predictions, strict=True))
+        ],
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -179,7 +261,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--connections must be at least 1, got {args.connections}")
     if args.stream and args.server.startswith(("http://", "https://")):
         raise CliError("--stream needs gRPC (ClassifyStream): give --server HOST:PORT")
+    if args.threshold is not None and not 0 < args.threshold < 1:
+        raise CliError(f"--threshold must be within (0, 1), got {args.threshold:g}")
     texts = read_texts(args)
+    pairs = read_pairs(args, texts)
     predictions: list[Any] = []
     model = version = None
     batch_size = args.batch_size or (1 if args.stream else 256)
@@ -201,13 +286,16 @@ def run(args: argparse.Namespace) -> int:
                     top_k=args.top_k,
                     all_scores=args.all_scores,
                     texts_per_message=batch_size,
+                    text_pairs=pairs,
+                    threshold=args.threshold,
                 ):
                     model, version = result.model, result.version
                     predictions.extend(result.predictions)
                     if progress is not None:
                         progress.update(len(result.predictions))
         else:
-            predictions, model, version = _unary(args, requests, connections)
+            second = None if pairs is None else list(chunks(pairs, batch_size))
+            predictions, model, version = _unary(args, requests, second, connections)
     except ClientError as exc:
         if exc.code == "UNAVAILABLE":
             raise CliError(f"cannot reach a ready server at {args.server}: {exc.message}") from None
@@ -228,24 +316,12 @@ def run(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.close()
     if args.json:
-        doc = {
-            "model": model,
-            "version": version,
-            "results": [
-                {
-                    "text": text,
-                    "label": p.label,
-                    "score": p.score,
-                    **({"scores": p.scores} if args.all_scores else {}),
-                    **({"top": [list(t) for t in p.top]} if args.top_k else {}),
-                    "num_tokens": p.num_tokens,
-                    "truncated": p.truncated,
-                }
-                for text, p in zip(texts, predictions, strict=True)
-            ],
-        }
+        doc = json_document(args, texts, pairs, predictions, model, version)
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
-        print(format_table(texts, predictions, args.all_scores, args.top_k))
+        shown = texts
+        if pairs is not None:
+            shown = [f"{a} / {b}" for a, b in zip(texts, pairs, strict=True)]
+        print(format_table(shown, predictions, args.all_scores, args.top_k))
         print(f"({model} version {version}, {len(texts)} texts)", file=sys.stderr)
     return 0
