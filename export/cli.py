@@ -110,12 +110,13 @@ def _export(args: argparse.Namespace, opts: options.ExportOptions) -> Path:
             "--test-data": opts.test_data,
             "--trust-remote-code": opts.trust_remote_code,
             "--truncation-side": opts.truncation_side != "right",
+            "--activation": opts.activation,
         }
         given = [flag for flag, value in foreign_only.items() if value]
         if given:
             raise CliError(
                 f"{', '.join(given)}: for Hugging Face folders and --module; a run "
-                "brings its own max_length, test split and truncation"
+                "brings its own max_length, test split, truncation and activation"
             )
         from textserve.export.onnx_export import export_run
 

@@ -90,7 +90,7 @@ def load_folder(folder: Path, opts: ExportOptions) -> Foreign:
         model=_Logits(model).eval(),
         inputs=inputs,
         labels=labels,
-        activation=activation(config, len(labels), folder),
+        activation=activation(config, len(labels), folder, opts.activation),
         max_length=max_length(config, tokenizer.model_max_length, opts.max_length, folder),
         pad_token_id=int(pad),
         unk_token_id=tokenizer.unk_token_id,
@@ -127,10 +127,17 @@ def graph_inputs(forward: Any, type_vocab_size: int) -> list[str]:
     return names
 
 
-def activation(config: Any, num_labels: int, folder: Path) -> str:
+def activation(config: Any, num_labels: int, folder: Path, asked: str | None = None) -> str:
     """What transformers' text-classification pipeline applies: sigmoid for multi-label, none
     for regression, softmax for single-label; a config without problem_type and one logit
-    gets sigmoid, as the pipeline does."""
+    gets sigmoid, as the pipeline does. `asked` (--activation) overrides problem_type, e.g.
+    for a multi-label model saved without it; the pipeline check is then run with it too."""
+    if asked is not None:
+        if asked == "none" and num_labels != 1:
+            raise ExportError(
+                f"--activation none (regression) serves one output; {folder} has {num_labels}"
+            )
+        return asked
     problem = getattr(config, "problem_type", None)
     if problem is None:
         return "sigmoid" if num_labels == 1 else "softmax"

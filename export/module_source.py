@@ -1,5 +1,6 @@
 """`--module package.module:factory`: any torch.nn.Module with the (input_ids, attention_mask)
-→ logits contract, with its tokenizer.json and labels, as a `Foreign` model.
+→ logits contract, with its tokenizer.json and labels, as a `Foreign` model; its scores are
+the softmax of the logits unless --activation says sigmoid (multi-label) or none (regression).
 
     foreign = load_module("mypkg.models:build", Path("tokenizer.json"), ["neg", "pos"], opts)
 
@@ -46,6 +47,11 @@ def load_module(
         raise ExportError("--module needs --max-length: the longest input the model takes")
     if len(set(labels)) != len(labels):
         raise ExportError(f"--labels has a label twice: {labels}")
+    activation = opts.activation or "softmax"
+    if activation == "none" and len(labels) != 1:
+        raise ExportError(
+            f"--activation none (regression) serves one output, got {len(labels)} labels"
+        )
     factory = _factory(spec)
     tokenizer = _tokenizer(tokenizer_file)
     try:
@@ -68,7 +74,7 @@ def load_module(
         model=model,
         inputs=["input_ids", "attention_mask"],
         labels=list(labels),
-        activation="softmax",
+        activation=activation,
         max_length=opts.max_length,
         pad_token_id=pad,
         unk_token_id=_unk_id(tokenizer_file, tokenizer),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from textserve.artifact import ACTIVATIONS
 from textserve.cli import CliError, env_flag
 from textserve.export.errors import ExportError
 
@@ -50,6 +51,8 @@ class ExportOptions:
     truncation_side: str = "right"  # which end of an over-long text is cut
     trust_remote_code: bool = False  # run a model folder's own Python code (auto_map)
     test_data: Path | None = None  # a labelled split scored into the manifest's test_accuracy
+    # what turns logits into scores; None: softmax for --module, problem_type for a folder
+    activation: str | None = None
 
     def __post_init__(self) -> None:
         if self.quantize is not None and self.quantize not in QUANTIZE_CHOICES:
@@ -76,6 +79,10 @@ class ExportOptions:
             raise ExportError(f"--threads must be >= 1, got {self.threads}")
         if self.max_length is not None and self.max_length < 1:
             raise ExportError(f"--max-length must be >= 1, got {self.max_length}")
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            raise ExportError(
+                f"--activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}"
+            )
         if self.truncation_side not in TRUNCATION_SIDES:
             raise ExportError(
                 f"--truncation-side must be one of {', '.join(TRUNCATION_SIDES)}, "
@@ -150,6 +157,13 @@ def add_arguments(parser: argparse.ArgumentParser, *, foreign: bool = True) -> N
         "truncation-side",
         f"cut over-long texts on this side ({d.truncation_side})",
         choices=TRUNCATION_SIDES,
+    )
+    flag(
+        "activation",
+        "what turns logits into scores: softmax (one label per text), sigmoid (multi-label: "
+        "each label on its own, listed over a threshold) or none (regression: the raw "
+        "output); default: softmax for --module, the config's problem_type for a folder",
+        choices=ACTIVATIONS,
     )
     flag(
         "test-data",

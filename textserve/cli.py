@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 
 @dataclass(frozen=True)
@@ -138,9 +138,18 @@ def env_switch(env: str) -> bool:
     return os.environ.get(env, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors on one line (`textserve export: error: argument --activation:
+    invalid choice: 'relu' (...)`), exit 2: what a pod log or a CI step shows, without the
+    dozen lines of usage before it; `--help` still shows the usage. Subcommands inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(prog="textserve", description=__doc__, formatter_class=raw)
+    parser = OneLineParser(prog="textserve", description=__doc__, formatter_class=raw)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():

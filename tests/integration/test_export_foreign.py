@@ -43,7 +43,10 @@ OVER_LONG = ["word " * 300, "the film " * 200 + "dull"]
 
 
 def export(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = cli.main(["export", *argv, "--threads", "1"])
+    try:
+        code = cli.main(["export", *argv, "--threads", "1"])
+    except SystemExit as exc:  # argparse's own refusals (a bad choice): one line too
+        code = int(exc.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -378,8 +381,27 @@ def test_module_factory(
     manifest = Manifest.read(tmp_path / "models" / "bag" / "1")
     assert (manifest.source.kind, manifest.source.architecture) == ("module", "mymodels.bag:build")
     assert manifest.labels == ["neg", "pos"] and manifest.inputs == INPUTS["distilbert"]
-    scores = served_scores(tmp_path / "models" / "bag" / "1", ["a film", ""])
+    assert (manifest.activation, manifest.threshold) == ("softmax", None)
+    texts = ["a film", "", "the plot is a mess"]
+    scores = served_scores(tmp_path / "models" / "bag" / "1", texts)
     assert np.allclose(scores.sum(axis=1), 1.0)
+    # --activation sigmoid: the same module as a multi-label model (each label on its own)
+    code, _, err = export(
+        [
+            *("--module", "mymodels.bag:build", "--tokenizer", str(user_module)),
+            *("--labels", "neg,pos", "--max-length", "32", "--activation", "sigmoid"),
+            *("--repository", str(tmp_path / "models"), "--name", "tags"),
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    tags = Manifest.read(tmp_path / "models" / "tags" / "1")
+    assert (tags.activation, tags.threshold) == ("sigmoid", 0.5)
+    sigmoid = served_scores(tmp_path / "models" / "tags" / "1", texts)
+    assert not np.allclose(sigmoid.sum(axis=1), 1.0)
+    logits = np.log(sigmoid / (1 - sigmoid))  # the same logits under both activations
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(e / e.sum(axis=1, keepdims=True), scores, atol=1e-5)
 
 
 def _neither(tmp: Path) -> Path:
@@ -443,6 +465,13 @@ def _edit_config(tmp: Path, folders: dict[str, Path], **changes: Any) -> Path:
             "the factory failed: RuntimeError: no weights here",
         ),
         (lambda t, f: f["bert"], ["--fp16"], "--fp16 is for textserve runs"),
+        (
+            lambda t, f: t,
+            ["--module", "mymodels.bag:build", "--activation", "none"],
+            "--activation none (regression) serves one output, got 2 labels",
+        ),
+        (lambda t, f: f["bert"], ["--activation", "none"], "serves one output; "),
+        (lambda t, f: f["bert"], ["--activation", "relu"], "invalid choice: 'relu'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
