@@ -4,6 +4,7 @@
     graph_parity(graph, foreign, batches, atol=1e-4)        # ONNX vs PyTorch, inputs by name
     tokenization_parity(foreign, tokenization)              # textserve vs transformers
     served_parity(graph, foreign, tokenization)             # our scores vs pipeline's
+    # and both again on CHECK_PAIRS when the tokenizer has a pair template
 
 Each raises CheckFailed naming the check and the figure. Graph parity feeds onnxruntime by name
 and PyTorch by keyword, so a graph whose inputs were exported in another order than forward()
@@ -43,6 +44,19 @@ CHECK_TEXTS = (
     "the story " * 400,
     "unbroken" * 900,
     "mixed 长 text " * 300 + "🙂" * 50,
+)
+
+
+# Sentence pairs (checked when the tokenizer's pair template sets two texts apart): ordinary
+# ones, one side or both far over max_length (longest_first cuts the longer first), unusual
+# Unicode. No empty side: the server refuses an empty pair text before tokenizing.
+CHECK_PAIRS = (
+    ("a man sleeps", "a person rests"),
+    ("Dull. Dull! DULL?", "a gripping, beautifully acted film"),
+    ("the story " * 400, "short"),
+    ("short", "the plot " * 400),
+    ("unbroken" * 900, "mixed 长 text " * 300),
+    ("Ünïcödé naïve café", "北京欢迎你 🙂🎬👍🏽 zero\u200bwidth"),
 )
 
 
@@ -132,18 +146,24 @@ def reference_tokenizer(foreign: Foreign, truncation_side: str) -> Any:
 
 
 def tokenization_parity(
-    foreign: Foreign, ours: Any, reference: Any, texts: Sequence[str] = CHECK_TEXTS
+    foreign: Foreign,
+    ours: Any,
+    reference: Any,
+    texts: Sequence[str] = CHECK_TEXTS,
+    pairs: Sequence[str] | None = None,
 ) -> int:
     """CheckFailed unless textserve's ids, masks (and type ids where the graph takes them) equal
-    AutoTokenizer(truncation=True, max_length, padding=True)'s; returns the texts compared."""
+    AutoTokenizer(truncation=True, max_length, padding=True)'s, for texts or, with `pairs`,
+    sentence pairs; returns the texts compared."""
     want = reference(
         list(texts),
+        None if pairs is None else list(pairs),
         truncation=True,
         max_length=foreign.max_length,
         padding=True,
         return_tensors="np",
     )
-    got = ours(list(texts))
+    got = ours(list(texts), None if pairs is None else list(pairs))
     for name in foreign.inputs:
         a, b = np.asarray(got[name]), np.asarray(want[name]) if name in want else None
         if b is None:
@@ -151,7 +171,7 @@ def tokenization_parity(
         if a.shape != b.shape or not np.array_equal(a, b):
             row = _first_difference(a, b)
             raise CheckFailed(
-                "tokenization parity",
+                "tokenization parity" if pairs is None else "pair tokenization parity",
                 f"{name} of text {row} ({_shown(texts[row])}) differs from transformers' "
                 f"AutoTokenizer: {a.shape} vs {b.shape}",
             )
@@ -164,12 +184,14 @@ def served_parity(
     ours: Any,
     reference: Any,
     texts: Sequence[str] = CHECK_TEXTS,
+    pairs: Sequence[str] | None = None,
     *,
     threads: int | None = None,
 ) -> float:
     """max |Δscore| of our served scores (textserve tokenization, onnxruntime, the manifest's
-    activation) against transformers.pipeline("text-classification", top_k=None); CheckFailed
-    over SERVED_ATOL."""
+    activation) against transformers.pipeline("text-classification", top_k=None), of texts
+    or, with `pairs`, of sentence pairs ({"text", "text_pair"}); CheckFailed over
+    SERVED_ATOL."""
     from transformers import pipeline
 
     pipe = pipeline(
@@ -180,9 +202,12 @@ def served_parity(
         function_to_apply=foreign.activation,
         device="cpu",
     )
-    expected: Any = pipe(list(texts), truncation=True, max_length=foreign.max_length)
+    inputs: list[Any] = list(texts)
+    if pairs is not None:
+        inputs = [{"text": a, "text_pair": b} for a, b in zip(texts, pairs, strict=True)]
+    expected: Any = pipe(inputs, truncation=True, max_length=foreign.max_length)
     session = make_session(graph, threads=threads)
-    feed = ours(list(texts))
+    feed = ours(list(texts), None if pairs is None else list(pairs))
     (logits,) = session.run([OUTPUT_NAME], {n: feed[n] for n in foreign.inputs})
     scores = apply_activation(np.asarray(logits, dtype=np.float64), foreign.activation)
     worst = 0.0
@@ -193,7 +218,7 @@ def served_parity(
         worst = max(worst, diff)
         if not diff <= SERVED_ATOL:
             raise CheckFailed(
-                "served-score parity",
+                "served-score parity" if pairs is None else "served pair-score parity",
                 f"text {row} ({_shown(texts[row])}): scores differ from transformers' pipeline "
                 f"by {diff:.3g} (> {SERVED_ATOL:g})",
                 figure=diff,

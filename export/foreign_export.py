@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,7 +46,29 @@ from textserve.tokenization import Tokenization, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
-Encode = Callable[[Sequence[str]], dict[str, np.ndarray]]
+
+@dataclass(frozen=True)
+class Encode:
+    """texts (and their pairs) -> the graph's int64 inputs, as the server will encode them."""
+
+    tokenization: Tokenization
+
+    def __call__(
+        self, texts: Sequence[str], pairs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        batch = self.tokenization.arrays(list(texts), None if pairs is None else list(pairs))
+        return {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "token_type_ids": batch.token_type_ids,
+        }
+
+    @property
+    def takes_pairs(self) -> bool:
+        """Whether the tokenizer's pair template sets two texts apart (the server's rule)."""
+        return bool(self.tokenization.takes_pairs)
+
+
 Split = tuple[list[str], list[int]]  # --test-data: texts and label indices
 # A rewritten graph is kept only when it is at least this much faster than the one it replaces
 # (below that, the timing is within this shared machine's noise and the plain graph is simpler).
@@ -110,23 +132,15 @@ def export_foreign(
 
 def _encoder(foreign: Foreign, opts: ExportOptions) -> Encode:
     """textserve's tokenization as the server will run it, from the file it will read."""
-    tokenization = Tokenization(
-        load_tokenizer(foreign.tokenizer_file),
-        foreign.max_length,
-        foreign.pad_token_id,
-        unk_token_id=foreign.unk_token_id,
-        truncation_side=opts.truncation_side,
+    return Encode(
+        Tokenization(
+            load_tokenizer(foreign.tokenizer_file),
+            foreign.max_length,
+            foreign.pad_token_id,
+            unk_token_id=foreign.unk_token_id,
+            truncation_side=opts.truncation_side,
+        )
     )
-
-    def encode(texts: Sequence[str]) -> dict[str, np.ndarray]:
-        batch = tokenization.arrays(list(texts))
-        return {
-            "input_ids": batch.input_ids,
-            "attention_mask": batch.attention_mask,
-            "token_type_ids": batch.token_type_ids,
-        }
-
-    return encode
 
 
 def _build(
@@ -152,17 +166,30 @@ def _build(
         },
         "parity_shapes": [f"{f['input_ids'].shape[0]}x{f['input_ids'].shape[1]}" for f in batches],
     }
+    pairs = checks.CHECK_PAIRS if encode.takes_pairs else None
     if foreign.folder is not None:
         reference = checks.reference_tokenizer(foreign, opts.truncation_side)
         parity["tokenization_texts"] = checks.tokenization_parity(foreign, encode, reference)
         parity["served_max_abs_score_diff"] = checks.served_parity(
             raw, foreign, encode, reference, threads=opts.threads
         )
+        if pairs is not None:  # a pair template: sentence pairs are checked the same way
+            parity["tokenization_pairs"] = checks.tokenization_parity(
+                foreign, encode, reference, *zip(*pairs, strict=True)
+            )
+            parity["served_pairs_max_abs_score_diff"] = checks.served_parity(
+                raw, foreign, encode, reference, *zip(*pairs, strict=True), threads=opts.threads
+            )
     graph = _optimized(fp32, foreign, batches, opts, work) if opts.optimize else fp32
     if graph is not fp32 and foreign.folder is not None:
         parity["served_max_abs_score_diff"] = checks.served_parity(
             graph.path, foreign, encode, reference, threads=opts.threads
         )
+        if pairs is not None:
+            parity["served_pairs_max_abs_score_diff"] = checks.served_parity(
+                graph.path, foreign, encode, reference, *zip(*pairs, strict=True),
+                threads=opts.threads,
+            )  # fmt: skip
     parity["max_abs_logit_diff"] = graph.parity
     if opts.quantize == "int8":
         graph = _int8(graph, foreign, batches, opts, work, encode, test)

@@ -26,7 +26,7 @@ from tests import foreign  # noqa: E402
 from textserve import cli  # noqa: E402
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file  # noqa: E402
 from textserve.export import huggingface  # noqa: E402
-from textserve.export.foreign_checks import CHECK_TEXTS, apply_activation  # noqa: E402
+from textserve.export.foreign_checks import CHECK_PAIRS, CHECK_TEXTS, apply_activation  # noqa: E402
 from textserve.tokenization import Tokenization, load_tokenizer  # noqa: E402
 
 # inputs each architecture's graph takes, in its forward()'s order
@@ -124,6 +124,32 @@ def test_served_scores_equal_transformers_pipeline(
     assert np.abs(got - want).max() <= 1e-4
     assert manifest.parity["served_max_abs_score_diff"] <= 1e-4
     assert manifest.parity["tokenization_texts"] == len(CHECK_TEXTS)
+    # every tokenizer here has a pair template: the export checked sentence pairs too
+    assert manifest.parity["tokenization_pairs"] == len(CHECK_PAIRS)
+    assert manifest.parity["served_pairs_max_abs_score_diff"] <= 1e-4
+
+
+def test_a_pair_encoding_that_differs_from_transformers_is_not_published(
+    folders: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pair checks catch what the single-text ones cannot: pairs cut the wrong way (here
+    the second text always first, instead of the longer one) fail the export, exit 1."""
+    from textserve import tokenization
+
+    def second_first(first: int, second: int, budget: int) -> tuple[int, int]:
+        if first + second <= budget:
+            return first, second
+        return first if budget >= first else budget, max(0, budget - first)
+
+    monkeypatch.setattr(tokenization, "longest_first", second_first)
+    out = tmp_path / "models"
+    code, _, err = export([str(folders["bert"]), "--repository", str(out), "--name", "p"], capsys)
+    assert code == 1, err
+    assert "pair tokenization parity" in err and "nothing was published" in err
+    assert not (out / "p").exists() or not any((out / "p").iterdir())
 
 
 @pytest.mark.parametrize("arch", foreign.ARCHITECTURES)
