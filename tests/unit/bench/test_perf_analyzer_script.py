@@ -181,6 +181,25 @@ open(value("-f"), "w").write(os.environ["FAKE_CSV"])
 """
 
 
+def run_fake_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log: Path
+) -> list[dict[str, float]] | int:
+    """run_levels at concurrency 2 against FAKE, each of its calls logged to `log`."""
+    import argparse
+
+    from textserve.bench.perf_analyzer import run_levels
+
+    binary = tmp_path / "perf_analyzer"
+    binary.write_text(FAKE)
+    binary.chmod(0o755)
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    args = argparse.Namespace(
+        model="m", batch_size=1, percentile=None, request_count=100, stability=25,
+        tools=tmp_path, level_timeout=30.0, output=tmp_path,
+    )  # fmt: skip
+    return run_levels(binary, args, "127.0.0.1:1", tmp_path / "in.json", [("concurrency", 2)])
+
+
 @pytest.mark.parametrize(
     ("stable_from", "requests_from", "calls", "unstable"),
     [
@@ -198,23 +217,11 @@ def test_an_unstable_level_is_measured_again_and_marked_not_failed(
     calls: int,
     unstable: bool,
 ) -> None:
-    import argparse
-
-    from textserve.bench.perf_analyzer import run_levels
-
-    binary = tmp_path / "perf_analyzer"
-    binary.write_text(FAKE)
-    binary.chmod(0o755)
     log = tmp_path / "calls.jsonl"
-    monkeypatch.setenv("FAKE_LOG", str(log))
     monkeypatch.setenv("FAKE_CSV", CSV)
     monkeypatch.setenv("STABLE_FROM", str(stable_from))
     monkeypatch.setenv("REQUESTS_FROM", str(requests_from))
-    args = argparse.Namespace(
-        model="m", batch_size=1, percentile=None, request_count=100, stability=25,
-        tools=tmp_path, level_timeout=30.0, output=tmp_path,
-    )  # fmt: skip
-    reports = run_levels(binary, args, "127.0.0.1:1", tmp_path / "in.json", [("concurrency", 2)])
+    reports = run_fake_level(tmp_path, monkeypatch, log)
     assert isinstance(reports, list) and len(reports) == 1
     attempts = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(attempts) == calls
@@ -241,21 +248,9 @@ def test_an_unstable_level_is_measured_again_and_marked_not_failed(
 def test_a_perf_analyzer_that_fails_otherwise_still_fails_the_level(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import argparse
-
-    from textserve.bench.perf_analyzer import run_levels
-
-    binary = tmp_path / "perf_analyzer"
-    binary.write_text(FAKE)
-    binary.chmod(0o755)
     log = tmp_path / "calls.jsonl"
-    monkeypatch.setenv("FAKE_LOG", str(log))
     monkeypatch.setenv("FAKE_BROKEN", "1")
-    args = argparse.Namespace(
-        model="m", batch_size=1, percentile=None, request_count=100, stability=25,
-        tools=tmp_path, level_timeout=30.0, output=tmp_path,
-    )  # fmt: skip
-    status = run_levels(binary, args, "127.0.0.1:1", tmp_path / "in.json", [("concurrency", 2)])
+    status = run_fake_level(tmp_path, monkeypatch, log)
     assert status == 1  # not retried: a broken server is not noise
     assert len(log.read_text().splitlines()) == 1
     assert "failed to get model metadata" in capsys.readouterr().err
