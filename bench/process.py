@@ -145,11 +145,14 @@ def spawn(
     cwd: Path | None = None,
     log: Path | None = None,
     stop_timeout: float = 30.0,
+    inherit_env: bool = True,
 ) -> Iterator[ServerProcess]:
     """Run `command --ready-file PATH` (a server that writes PATH once it serves) until the
     block ends; its output is kept in memory (`.text()`) or written to `log`. On exit: SIGTERM,
     the graceful drain, and SIGKILL if it has not stopped within `stop_timeout` s.
-    ServerStartError with the end of its output when it exits or times out before ready."""
+    ServerStartError with the end of its output when it exits or times out before ready.
+    `env` is added to this process's environment, or with inherit_env=False is all of it (an
+    installed server that must not see this checkout's PYTHONPATH)."""
     with tempfile.TemporaryDirectory(prefix="textserve-ready-") as folder:
         ready_file = Path(folder) / "ready.json"
         full = [*command, "--ready-file", str(ready_file)]
@@ -162,7 +165,7 @@ def spawn(
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                env={**(os.environ if inherit_env else {}), "PYTHONUNBUFFERED": "1", **(env or {})},
             )
         reader = threading.Thread(
             target=lambda: output.extend(process.stdout or ()), name="server-output", daemon=True

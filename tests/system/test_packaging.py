@@ -7,12 +7,10 @@ serves and classifies with no torch there."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 import textwrap
-import time
 import zipfile
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 
 from tests.handmade import make_version
 from tests.serving import running_server
+from textserve.bench.process import spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,39 +140,21 @@ def test_the_lean_install_serves_without_torch(wheel: Path, tmp_path: Path) -> N
 
     repository = tmp_path / "models"
     make_version(repository, "handmade", 1)
-    server = subprocess.Popen(
-        [bin_dir / "textserve", "serve", "--repository", repository, "--listen",
-         "127.0.0.1:0", "--metrics-port", "off"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        assert server.stdout is not None
-        lines: list[str] = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # the ready line: the server is up and warm
-            line = server.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if match := re.search(r"textserve is serving on (\S+)", line):
-                address = match.group(1)
-                break
-        else:
-            raise AssertionError("".join(lines))
-        assert match, "".join(lines)
-        done = _run(bin_dir / "textserve", "classify", "--server", address, "--json",
+    serve = [str(bin_dir / "textserve"), "serve", "--repository", str(repository),
+             "--listen", "127.0.0.1:0", "--metrics-port", "off"]  # fmt: skip
+    # the installed console script, in the environment without this checkout (inherit_env)
+    with spawn(serve, env=env, inherit_env=False, cwd=tmp_path) as server:
+        done = _run(bin_dir / "textserve", "classify", "--server", server.address, "--json",
                     "a good film", "a bad plot", cwd=tmp_path, env=env, timeout=60)  # fmt: skip
         # and the server process itself never imported torch
         modules = Path(f"/proc/{server.pid}/maps").read_text()
         assert "libtorch" not in modules
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     assert done.stdout.count('"label"') == 2, done.stdout
-    assert textserve_of(bin_dir).startswith(str(venv))
+    assert textserve_of(bin_dir, env).startswith(str(venv))
 
 
-def textserve_of(bin_dir: Path) -> str:
-    """Where the venv's python imports textserve from (the install, not this checkout)."""
+def textserve_of(bin_dir: Path, env: dict[str, str]) -> str:
+    """Where the venv's python imports textserve from (the install, not this checkout), in
+    `env` (without this checkout's PYTHONPATH, which would win over any install)."""
     code = "import textserve; print(textserve.__file__)"
-    return _run(bin_dir / "python", "-c", code, cwd=bin_dir).stdout.strip()
+    return _run(bin_dir / "python", "-c", code, cwd=bin_dir, env=env).stdout.strip()
