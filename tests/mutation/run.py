@@ -73,11 +73,18 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
 }
 SKIP = ("__pycache__", "*.pyc", ".mypy_cache", ".ruff_cache", ".pytest_cache")
+# group -> seconds a test may take under a mutant (pytest-timeout), for groups whose tests are
+# fakes of milliseconds: a mutant that leaves a future unanswered hangs its test, which then
+# fails at this limit instead of running into mutmut's, 5x (the tests' time + 1 s) per mutant
+GROUP_TEST_TIMEOUT = {"batcher": 2}
 
 
 def stage(group: str, work: Path | None = None) -> Path:
     """A copy of the package, the tests and pyproject.toml with this group's [tool.mutmut]."""
     modules, tests = GROUPS[group]
+    pytest_args = ["-p", "no:cacheprovider"]
+    if group in GROUP_TEST_TIMEOUT:
+        pytest_args += ["--timeout", str(GROUP_TEST_TIMEOUT[group])]
     # a test file moved or renamed must not silently shrink a group (mutants would survive)
     missing = [t for t in tests if not (ROOT / t).is_file()]
     if missing:
@@ -98,7 +105,7 @@ def stage(group: str, work: Path | None = None) -> Path:
         f"source_paths = [{quoted('textserve/' + m for m in modules)}]\n"
         'also_copy = ["textserve"]\n'
         f"pytest_add_cli_args_test_selection = [{quoted(tests)}]\n"
-        'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
+        f"pytest_add_cli_args = [{quoted(pytest_args)}]\n"
         # a hung mutant (a loop that never ends) is a kill: waited for 5x the tests' time, not 15x
         "timeout_multiplier = 5.0\n"
     )

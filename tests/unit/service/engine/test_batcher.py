@@ -391,6 +391,55 @@ def test_the_inference_thread_goes_on_to_the_next_batch_without_the_loop() -> No
     asyncio.run(main())
 
 
+def test_while_flushing_the_inference_thread_also_goes_on_to_a_batch_that_is_not_full() -> None:
+    # The drain phase (flush(), as close() does) runs what is queued at once, however long the
+    # delay: the executor thread takes such a batch itself too, not only full ones.
+    started: list[int] = []
+    flushed = threading.Event()
+
+    def model(payloads: list[int]) -> np.ndarray:
+        started.extend(payloads)
+        flushed.wait(5)  # each batch ends only once the batcher is flushing
+        return np.ones((len(payloads), 1))
+
+    async def main() -> None:
+        config = BatcherConfig(max_batch_size=4, max_batch_tokens=10, max_queue_delay=5)
+        batcher: Batcher[int] = Batcher(model, config)
+        batcher.start()
+        # 8 tokens each, 10 per batch: one item a batch; full by tokens while two wait
+        calls = [asyncio.create_task(batcher.submit([i], [8])) for i in range(3)]
+        await wait_until(lambda: bool(started))
+        batcher.flush()
+        flushed.set()
+        # The loop is blocked until the executor thread has started all three batches by
+        # itself, or 1 s has passed: the last one, alone, fills no batch and its delay is 5 s.
+        blocked_until = time.monotonic() + 1
+        while len(started) < 3 and time.monotonic() < blocked_until:
+            time.sleep(0.001)
+        assert started == [0, 1, 2]
+        await asyncio.gather(*calls)
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_refusal_names_the_batchers_model_and_the_batcher_keeps_the_config_it_was_given() -> None:
+    config = BatcherConfig(max_queue_size=1)
+
+    async def main() -> None:
+        batcher: Batcher[int] = Batcher(FakeModel(), config, name="sentiment")
+        assert batcher.config is config  # ModelHandle.warmup reads max_batch_size there
+        batcher.start()
+        with pytest.raises(OverloadedError) as never:
+            await batcher.submit([1, 2], [1, 1])
+        assert str(never.value) == (
+            "2 texts can never fit model 'sentiment''s queue of 1; send fewer texts per request"
+        )
+        await batcher.close()
+
+    asyncio.run(main())
+
+
 def test_many_callers_two_inference_threads_deadlines_and_cancellations() -> None:
     # The queue is shared by the loop and the executor threads (which take batches themselves):
     # under mixed traffic every caller gets its own rows or its own error, and nothing is lost.
