@@ -103,7 +103,7 @@ class PaddingFreeClassifier(nn.Module):
         # The model's masked mean, with its summation order: junk rows are multiplied by 0.
         mask = attention_mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
         pooled = (x * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B, C)
-        return m.head(pooled).float()  # (B, num_labels)
+        return m.with_bag(m.head(pooled).float(), input_ids, attention_mask)  # (B, K)
 
     @staticmethod
     def _block(block: EncoderBlock, x: torch.Tensor, rows: _Rows) -> torch.Tensor:

@@ -34,6 +34,10 @@ class ModelConfig:
     positional: str = "sinusoidal"  # "sinusoidal" (the paper's formula) or "learned"
     pad_token_id: int = 0  # id of [PAD]; its embedding row is kept at zero
     layer_norm_eps: float = 1e-5  # LayerNorm epsilon (torch's default, for parity with torch.nn)
+    # A linear bag of token n-grams beside the encoder (model/bag.py fits it after the encoder):
+    # logits = encoder_weight * encoder logits + bag logits. 0 buckets: no bag, the encoder alone.
+    bag_buckets: int = 0  # hash buckets of the bag's token bigrams (its unigrams are the ids)
+    encoder_weight: float = 1.0  # the encoder's logits' weight in the sum (with a bag)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_labels", "max_length", "d_model", "n_heads", "n_layers"):
@@ -55,6 +59,11 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.positional must be one of {', '.join(POSITIONAL_KINDS)}, "
                 f"got {self.positional!r}"
+            )
+        if self.bag_buckets < 0 or not self.encoder_weight > 0.0:
+            raise ValueError(
+                "ModelConfig.bag_buckets must be >= 0 and encoder_weight > 0, got "
+                f"{self.bag_buckets} and {self.encoder_weight}"
             )
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(
@@ -100,11 +109,41 @@ PRESETS: dict[str, ModelConfig] = {
         d_ff=512,
         dropout=0.2,  # 0.1 over-fits after two epochs; 0.3 is no better
         attention_dropout=0.1,
+        # The encoder alone trails a linear model of n-grams on ~10k snippets, and their errors
+        # differ: the sum beats both (docs/training.md, ablation). 2^20 buckets: ~10% of unseen
+        # bigrams share a bucket with a trained one; 0.75: the encoder's weight in the sum.
+        bag_buckets=1 << 20,
+        encoder_weight=0.75,
     ),
     "base": ModelConfig(
         vocab_size=16000, max_length=128, d_model=256, n_heads=8, n_layers=4, d_ff=1024
     ),
 }
+
+
+# The bag's bigram hash: (previous id · BAG_HASH_MULTIPLIER + id) mod bag_buckets, in int64
+# (ids < 2^24 keep the product below 2^63), so the graph computes it with Mul, Add and Mod.
+BAG_HASH_MULTIPLIER = 1000003
+
+
+def bag_features(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_size: int, buckets: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bag's features of each text: (rows (B, 2T) int64, weights (B, 2T) float32).
+
+    Position t gives its unigram (row = its id) and its bigram with the id before it (row =
+    vocab_size + hash; before the text and on padding the id counts as 0). Each distinct row
+    of a text weighs 1 in all (a repeated n-gram 1/count per occurrence) and padding weighs 0:
+    a binary bag of n-grams, whatever the padding.
+    """
+    ids = input_ids * attention_mask  # (B, T), padding -> 0
+    prev = F.pad(ids, (1, 0))[:, :-1]  # (B, T) the id one position back
+    bigram = torch.remainder(prev * BAG_HASH_MULTIPLIER + ids, buckets) + vocab_size  # (B, T)
+    rows = torch.cat([ids, bigram], dim=1)  # (B, 2T)
+    real = torch.cat([attention_mask, attention_mask], dim=1).to(torch.float32)  # (B, 2T)
+    same = (rows.unsqueeze(2) == rows.unsqueeze(1)).to(torch.float32)  # (B, 2T, 2T)
+    count = (same * real.unsqueeze(1)).sum(dim=2).clamp(min=1.0)  # (B, 2T) real copies of row
+    return rows, real / count
 
 
 def sinusoidal_table(length: int, d_model: int) -> torch.Tensor:
@@ -189,9 +228,15 @@ class EncoderBlock(nn.Module):
 
 
 class TransformerClassifier(nn.Module):
-    """Embeddings + positional encoding → N encoder blocks → masked mean pooling → linear head."""
+    """Embeddings + positional encoding → N encoder blocks → masked mean pooling → linear head,
+    plus (bag_buckets > 0) a linear bag of token n-grams whose logits are added."""
 
     pos_table: torch.Tensor  # the sinusoidal buffer (registered only for positional="sinusoidal")
+    # The bag's tables (registered only with bag_buckets > 0; model/bag.py fills them)
+    bag_ngram: torch.Tensor  # (vocab_size + bag_buckets, K) weight of each unigram / bigram row
+    bag_char: torch.Tensor  # (vocab_size, K) each token's character n-grams' weights, summed
+    bag_char_norm: torch.Tensor  # (vocab_size,) squared norm of each token's character vector
+    bag_bias: torch.Tensor  # (K,)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -220,6 +265,14 @@ class TransformerClassifier(nn.Module):
         nn.init.normal_(self.tok_emb.weight, std=cfg.d_model**-0.5)
         with torch.no_grad():
             self.tok_emb.weight[cfg.pad_token_id].zero_()
+        if cfg.bag_buckets:
+            # Buffers, not parameters: fitted in closed form by model/bag.py, not by the
+            # optimizer; zeros (no random draw: the encoder's initial weights stay the same).
+            k = cfg.num_labels
+            self.register_buffer("bag_ngram", torch.zeros(cfg.vocab_size + cfg.bag_buckets, k))
+            self.register_buffer("bag_char", torch.zeros(cfg.vocab_size, k))
+            self.register_buffer("bag_char_norm", torch.zeros(cfg.vocab_size))
+            self.register_buffer("bag_bias", torch.zeros(k))
 
     def positions(self, length: int) -> torch.Tensor:
         """Positional encodings for the first `length` positions, (T, C)."""
@@ -228,6 +281,11 @@ class TransformerClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         # input_ids, attention_mask: (B, T) int64; returns logits (B, num_labels) float32
+        logits = self.encoder_logits(input_ids, attention_mask)  # (B, num_labels)
+        return self.with_bag(logits, input_ids, attention_mask)
+
+    def encoder_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The encoder's logits alone (B, num_labels), without the bag: what the optimizer fits."""
         x = self.tok_emb(input_ids) * self.embed_scale  # (B, T, C)
         x = x + self.positions(input_ids.shape[1]).unsqueeze(0)  # (B, T, C)
         x = self.emb_dropout(x)
@@ -239,6 +297,29 @@ class TransformerClassifier(nn.Module):
         mask = attention_mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
         pooled = (x * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B, C)
         return self.head(self.head_dropout(pooled)).float()  # (B, num_labels)
+
+    def with_bag(
+        self, logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The encoder's logits (B, K) combined with the bag's: the model's output."""
+        if not self.config.bag_buckets:
+            return logits
+        return self.config.encoder_weight * logits + self.bag_logits(input_ids, attention_mask)
+
+    def bag_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The bag's logits (B, K): binary n-gram weights + character n-grams of the tokens.
+
+        The character part is each token's (fixed) character n-gram vector summed over the
+        text and divided by sqrt(sum of their squared norms): a tf-idf vector's L2
+        normalisation without the cross terms, so it needs only per-token tables.
+        """
+        cfg = self.config
+        rows, weights = bag_features(input_ids, attention_mask, cfg.vocab_size, cfg.bag_buckets)
+        ngram = (F.embedding(rows, self.bag_ngram) * weights.unsqueeze(-1)).sum(dim=1)  # (B, K)
+        real = attention_mask.to(torch.float32)  # (B, T)
+        char = (F.embedding(input_ids, self.bag_char) * real.unsqueeze(-1)).sum(dim=1)  # (B, K)
+        norm = (F.embedding(input_ids, self.bag_char_norm.unsqueeze(1)).squeeze(2) * real).sum(1)
+        return ngram + char / (torch.sqrt(norm) + 1e-12).unsqueeze(1) + self.bag_bias
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

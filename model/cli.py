@@ -22,6 +22,8 @@ MODEL_FLAGS = (
     ("d_ff", int, "feed-forward inner width"),
     ("dropout", float, "dropout rate"),
     ("attention_dropout", float, "dropout on attention weights"),
+    ("bag_buckets", int, "bigram hash buckets of the n-gram bag beside the encoder; 0: no bag"),
+    ("encoder_weight", float, "the encoder's weight in the sum with the bag's logits"),
 )
 
 

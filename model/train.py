@@ -219,11 +219,18 @@ def train(cfg: TrainConfig) -> Path:
         device,
     )  # fmt: skip
     optimizer = build_optimizer(model, cfg)
-    history, best = fit(model, cfg, encoded, device, optimizer, model_cfg.num_labels)
+    # The optimizer trains the encoder alone; the bag (if any) is fitted after it, in closed form.
+    encoder = EncoderOnly(model)
+    history, best = fit(encoder, cfg, encoded, device, optimizer, model_cfg.num_labels)
+    bag = _fit_bag(model, encoded, tokenizer) if model_cfg.bag_buckets else None
     t_fit = time.perf_counter()
 
     val_metrics = evaluate(model, encoded["validation"], labels, device)
     test_metrics = evaluate(model, encoded["test"], labels, device)
+    if bag is not None:
+        encoder_test = evaluate(encoder, encoded["test"], labels, device)
+        bag["encoder_test_accuracy"] = encoder_test["accuracy"]
+        bag["encoder_test_macro_f1"] = encoder_test["macro_f1"]
     baseline = run_baseline(cfg, splits, encoded, labels)
     majority = max(splits.test.label_counts().values()) / len(splits.test)
     timings = {
@@ -248,10 +255,39 @@ def train(cfg: TrainConfig) -> Path:
         "threads": torch.get_num_threads(),
         "timings": timings,
     }
+    if bag is not None:
+        metrics["bag"] = bag
     add_baseline(metrics, baseline)
     _write_run(cfg, out_dir, model, labels, tokenizer, metrics, splits, history)
     log_summary(metrics, out_dir, t_start)
     return out_dir
+
+
+class EncoderOnly(nn.Module):
+    """The model without its bag: `model.encoder_logits` as a module, for the training loop."""
+
+    def __init__(self, model: TransformerClassifier) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model.encoder_logits(input_ids, attention_mask)
+
+
+def _fit_bag(
+    model: TransformerClassifier, encoded: dict[str, Encoded], tokenizer: Any
+) -> dict[str, Any]:
+    from textserve.model.bag import fit_bag
+
+    vocab = [tokenizer.id_to_token(i) or "" for i in range(model.config.vocab_size)]
+    try:
+        bag = fit_bag(model, encoded["train"][0], encoded["train"][1].tolist(), vocab)
+    except ValueError as exc:  # e.g. one label only in a tiny training split
+        # The bag's tables stay 0: the model's predictions are the encoder's.
+        logger.warning("bag of n-grams skipped: %s", exc)
+        return {"model": "skipped", "error": str(exc)}
+    logger.info("%s: fitted in %.1fs", bag["model"], bag["seconds"])
+    return bag
 
 
 def _tokenize(

@@ -277,3 +277,38 @@ def test_read_only_repository_is_a_clear_error(tiny_run: Path) -> None:
             (repo / "m").chmod(0o755)
         assert message == f"cannot write to the model repository {repo / 'm'}: Permission denied"
         assert entries(repo / "m") == []
+
+
+def test_a_model_with_a_bag_of_ngrams_exports_and_matches_pytorch(tmp_path: Path) -> None:
+    # The default preset's bag (hashed bigrams, per-token character tables) lives in the
+    # graph: the export's parity checks pass, the graph matches PyTorch on any mask, and the
+    # manifest's accuracy is the run's own.
+    from textserve.model.synthetic import synthetic_rows, write_jsonl
+    from textserve.model.train import TrainConfig, train
+
+    data = write_jsonl(synthetic_rows(300, seed=2), tmp_path / "d.jsonl")
+    cfg = TrainConfig(
+        data=data, preset="tiny", model_overrides={"bag_buckets": 4096, "encoder_weight": 0.75},
+        epochs=2, batch_size=16, seed=0, device="cpu", threads=1,
+        output_dir=tmp_path / "run", progress=False,
+    )  # fmt: skip
+    run_dir = train(cfg)
+    onnx_export.export_run(run_dir, tmp_path / "models", "bag", threads=1)
+    version_dir = tmp_path / "models" / "bag" / "1"
+    manifest = Manifest.read(version_dir)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert manifest.test_accuracy == pytest.approx(metrics["test_accuracy"])
+    run = load_run(run_dir)
+    assert run.model.bag_ngram.abs().sum() > 0  # a fitted bag, not the zeros it starts as
+    rng = np.random.default_rng(3)
+    ids = rng.integers(1, run.config.vocab_size, size=(4, 12), dtype=np.int64)
+    ids[:, 6:] = ids[:, :6]  # repeated n-grams: the bag counts each once
+    mask = np.ones_like(ids)
+    mask[0, :9] = 0
+    mask[1, 4:] = 0
+    mask[2] = 0
+    ids[mask == 0] = run.pad_token_id
+    report = validate.assert_parity(
+        version_dir / MODEL_FILE, run.model, [(ids, mask)], rtol=0.0, atol=1e-4, threads=1
+    )
+    assert report.argmax_agreement == 1.0

@@ -28,7 +28,11 @@ def _one_thread() -> None:
 def make_model(**overrides: object) -> TransformerClassifier:
     torch.manual_seed(0)
     cfg = ModelConfig.preset("tiny", vocab_size=VOCAB, num_labels=3, **overrides)
-    return TransformerClassifier(cfg).eval()
+    model = TransformerClassifier(cfg).eval()
+    if cfg.bag_buckets:  # the bag's tables are fitted after training; random ones here
+        for name in ("bag_ngram", "bag_char", "bag_char_norm", "bag_bias"):
+            getattr(model, name).copy_(torch.rand_like(getattr(model, name)))
+    return model
 
 
 def padded(ids: list[int], length: int, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,6 +48,7 @@ VARIANTS = [
     {"norm_first": True},
     {"positional": "learned"},
     {"n_layers": 3, "n_heads": 4},
+    {"bag_buckets": 97, "encoder_weight": 0.5},
 ]
 
 
