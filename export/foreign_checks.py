@@ -145,6 +145,14 @@ def reference_tokenizer(foreign: Foreign, truncation_side: str) -> Any:
     return tokenizer
 
 
+def reference_types_pairs(foreign: Foreign, reference: Any) -> bool:
+    """Whether transformers would feed a pair's type ids as textserve does: the graph takes
+    none, or the folder's tokenizer returns them (a generic PreTrainedTokenizerFast saved
+    without model_input_names returns none, and its pipeline then feeds zeros)."""
+    names = getattr(reference, "model_input_names", None) or ()
+    return "token_type_ids" not in foreign.inputs or "token_type_ids" in names
+
+
 def tokenization_parity(
     foreign: Foreign,
     ours: Any,

@@ -169,6 +169,14 @@ def _build(
     pairs = checks.CHECK_PAIRS if encode.takes_pairs else None
     if foreign.folder is not None:
         reference = checks.reference_tokenizer(foreign, opts.truncation_side)
+        if pairs is not None and not checks.reference_types_pairs(foreign, reference):
+            logger.warning(
+                "sentence pairs not checked: transformers' tokenizer of %s returns no "
+                "token_type_ids (its model_input_names), so its pipeline feeds a pair as one "
+                "segment, while textserve feeds the pair template's type ids",
+                foreign.folder,
+            )
+            pairs = None
         parity["tokenization_texts"] = checks.tokenization_parity(foreign, encode, reference)
         parity["served_max_abs_score_diff"] = checks.served_parity(
             raw, foreign, encode, reference, threads=opts.threads
