@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from textserve.service.engine.memory import release_freed_memory
 from textserve.service.errors import LoadFailedError, ModelNotFoundError, NotReadyError
 from textserve.service.repository import caches
 from textserve.service.repository.config import RepositoryConfig
@@ -418,6 +419,9 @@ class ModelRepository:
             self._drains.pop((record.name, entry.version), None)
             logger.info("model %s version %d unloaded", record.name, entry.version)
             self._forget_removed(record)
+        # The retired session's pages back to the system (glibc keeps them otherwise): on a
+        # thread of the loop's executor, not awaited, so an unload waits for nothing more.
+        asyncio.get_running_loop().run_in_executor(None, release_freed_memory)
 
     def _update_info(self, record: ModelRecord) -> None:
         """textserve_model_info follows the version `get` hands out: the newest READY."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,40 @@ def test_a_policy_change_retires_the_old_version_and_the_log_says_so(
 
     with caplog.at_level(logging.INFO, logger=CORE):
         run(tmp_path, body)
+
+
+def test_an_unloaded_version_gives_its_memory_back_to_the_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a retired version's handle is dropped, the allocator's free pages are returned
+    (engine/memory.py: malloc_trim), off the event loop: once per unloaded version."""
+    make_version(tmp_path, "m", 1)
+    make_version(tmp_path, "m", 2)
+    calls: list[tuple[str | None, bool]] = []
+
+    def release() -> int:
+        entry = repository_ref[0].models["m"].versions[2]
+        calls.append((threading.current_thread().name, entry.handle is None))
+        return 0
+
+    monkeypatch.setattr(f"{CORE}.release_freed_memory", release)
+    repository_ref: list[ModelRepository] = []
+
+    async def body(repository: ModelRepository) -> None:
+        repository_ref.append(repository)
+        (tmp_path / "m" / "serving.json").write_text('{"version_policy": "specific:1"}')
+        await repository.reconcile()
+        await drained(repository)
+        assert repository.get().version == 1
+        deadline = time.monotonic() + 30  # a guard against a hang, not a timing
+        while not calls:  # on an executor thread, not awaited by the drain
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+
+    run(tmp_path, body)
+    assert len(calls) == 1
+    thread, dropped = calls[0]
+    assert dropped and thread != threading.main_thread().name  # after the drop, not on the loop
 
 
 def test_a_bad_serving_json_is_logged_once_per_problem_and_the_policy_in_force_kept(
