@@ -35,3 +35,26 @@ def test_help_still_shows_the_usage(capsys: pytest.CaptureFixture[str]) -> None:
         main(["serve", "--help"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.startswith("usage: textserve serve")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "said"),
+    [
+        (["--worker-timeout", "0"], {}, "--worker-timeout must be more than 0 and at most 3600"),
+        ([], {"TEXTSERVE_WORKER_TIMEOUT": "-1"}, "--worker-timeout must be more than 0"),
+        ([], {"TEXTSERVE_WORKER_TIMEOUT": "soon"}, "TEXTSERVE_WORKER_TIMEOUT='soon'"),
+    ],
+)
+def test_a_bad_worker_timeout_is_one_line_and_exit_2(
+    argv: list[str],
+    env: dict[str, str],
+    said: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#28's liveness deadline: refused before anything starts, flag or environment."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["serve", "--workers", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err, err
