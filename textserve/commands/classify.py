@@ -79,19 +79,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     connect.add_arguments(parser)
 
 
+def _read_lines(path: str) -> list[str]:
+    """The lines of a UTF-8 text file (--file, --pairs-file); CliError naming it otherwise."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().splitlines()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def read_texts(args: argparse.Namespace) -> list[str]:
     if args.texts:
         return list(args.texts)
     if args.file and args.file != "-":
-        try:
-            with open(args.file, encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
-        except OSError as exc:
-            raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise CliError(
-                f"{args.file} is not UTF-8 text ({exc.reason} at byte {exc.start})"
-            ) from None
+        lines = _read_lines(args.file)
     elif args.file == "-" or not sys.stdin.isatty():
         lines = sys.stdin.read().splitlines()
     else:
@@ -109,15 +112,7 @@ def read_pairs(args: argparse.Namespace, texts: Sequence[str]) -> list[str] | No
     if args.pair is not None:
         pairs = list(args.pair)
     elif args.pairs_file is not None:
-        try:
-            with open(args.pairs_file, encoding="utf-8") as fh:
-                pairs = [line for line in fh.read().splitlines() if line.strip()]
-        except OSError as exc:
-            raise CliError(f"cannot read {args.pairs_file}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise CliError(
-                f"{args.pairs_file} is not UTF-8 text ({exc.reason} at byte {exc.start})"
-            ) from None
+        pairs = [line for line in _read_lines(args.pairs_file) if line.strip()]
     else:
         return None
     if len(pairs) != len(texts):
