@@ -166,7 +166,8 @@ def _build(
         },
         "parity_shapes": [f"{f['input_ids'].shape[0]}x{f['input_ids'].shape[1]}" for f in batches],
     }
-    pairs = checks.CHECK_PAIRS if encode.takes_pairs else None
+    # the check pairs as (first texts, second texts): the parity checks' texts and pairs
+    pairs = tuple(zip(*checks.CHECK_PAIRS, strict=True)) if encode.takes_pairs else None
     if foreign.folder is not None:
         reference = checks.reference_tokenizer(foreign, opts.truncation_side)
         if pairs is not None and not checks.reference_types_pairs(foreign, reference):
@@ -183,10 +184,10 @@ def _build(
         )
         if pairs is not None:  # a pair template: sentence pairs are checked the same way
             parity["tokenization_pairs"] = checks.tokenization_parity(
-                foreign, encode, reference, *zip(*pairs, strict=True)
+                foreign, encode, reference, *pairs
             )
             parity["served_pairs_max_abs_score_diff"] = checks.served_parity(
-                raw, foreign, encode, reference, *zip(*pairs, strict=True), threads=opts.threads
+                raw, foreign, encode, reference, *pairs, threads=opts.threads
             )
     graph = _optimized(fp32, foreign, batches, opts, work) if opts.optimize else fp32
     if graph is not fp32 and foreign.folder is not None:
@@ -195,9 +196,8 @@ def _build(
         )
         if pairs is not None:
             parity["served_pairs_max_abs_score_diff"] = checks.served_parity(
-                graph.path, foreign, encode, reference, *zip(*pairs, strict=True),
-                threads=opts.threads,
-            )  # fmt: skip
+                graph.path, foreign, encode, reference, *pairs, threads=opts.threads
+            )
     parity["max_abs_logit_diff"] = graph.parity
     if opts.quantize == "int8":
         graph = _int8(graph, foreign, batches, opts, work, encode, test)
