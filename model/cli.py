@@ -99,6 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-baseline", dest="baseline", action="store_false",
         help="skip the linear baseline (TF-IDF + logistic regression) fitted beside the model",
     )  # fmt: skip
+    opt.add_argument(
+        "--no-bag-refit", dest="bag_refit", action="store_false",
+        help="fit the n-gram bag (and baseline) on training only, not again on train + validation",
+    )  # fmt: skip
 
     out = parser.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, help="the run directory (must be new or empty)")
@@ -144,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         runs_dir=args.runs_dir,
         progress=args.progress,
         baseline=args.baseline,
+        bag_refit=args.bag_refit,
         init_from=args.init_from,
         layer_decay=args.layer_decay,
     )

@@ -48,6 +48,10 @@ class TrainConfig:
     runs_dir: Path = Path("runs")
     progress: bool = True  # tqdm bar per epoch
     baseline: bool = True  # also fit and score the linear baseline (model/baseline.py)
+    # The bag (and the baseline beside it) is fitted on the training split for the validation
+    # figures, then fitted again on training + validation for the model that ships and its test
+    # figures (its settings were chosen on validation before; the test split stays unseen).
+    bag_refit: bool = True
     # Fine-tuning (model/finetune.py): a Hugging Face model folder (save_pretrained) or model id
     init_from: str | None = None
     layer_decay: float = 0.9  # fine-tuning: each layer down from the head learns this × slower
