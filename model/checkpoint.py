@@ -26,6 +26,7 @@ LABELS_FILE = "labels.json"
 METRICS_FILE = "metrics.json"
 TEST_FILE = "test.jsonl"
 CURVES_FILE = "training_curves.png"
+RELIABILITY_FILE = "calibration.png"  # the test split's reliability diagram, when calibrated
 # What load_run needs; the PNG is for people and may be missing.
 REQUIRED_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE, LABELS_FILE, METRICS_FILE, TEST_FILE)
 

@@ -26,6 +26,15 @@ MODEL_FLAGS = (
     ("encoder_weight", float, "the encoder's weight in the sum with the bag's logits"),
 )
 
+# Flags that turn off a TrainConfig field that is on by default.
+OFF_SWITCHES = (
+    ("--no-progress", "progress", "no progress bars"),
+    ("--no-baseline", "baseline", "skip the linear baseline (TF-IDF + logistic regression)"),
+    ("--no-bag-refit", "bag_refit", "fit the bag (and baseline) on training only, not again on "
+     "training + validation"),
+    ("--no-calibrate", "calibrate", "serve the raw scores: no temperature fitted on validation"),
+)  # fmt: skip
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig()  # one source of defaults for the library and the CLI
@@ -94,15 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--seed", type=int, default=d.seed)
     opt.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"))
     opt.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    opt.add_argument("--no-progress", dest="progress", action="store_false", help="no bars")
-    opt.add_argument(
-        "--no-baseline", dest="baseline", action="store_false",
-        help="skip the linear baseline (TF-IDF + logistic regression) fitted beside the model",
-    )  # fmt: skip
-    opt.add_argument(
-        "--no-bag-refit", dest="bag_refit", action="store_false",
-        help="fit the n-gram bag (and baseline) on training only, not again on train + validation",
-    )  # fmt: skip
+    for flag, field, help_text in OFF_SWITCHES:
+        opt.add_argument(flag, dest=field, action="store_false", help=help_text)
 
     out = parser.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, help="the run directory (must be new or empty)")
@@ -149,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         progress=args.progress,
         baseline=args.baseline,
         bag_refit=args.bag_refit,
+        calibrate=args.calibrate,
         init_from=args.init_from,
         layer_decay=args.layer_decay,
     )

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from textserve.model import train as train_mod
+from textserve.model.baseline import add_baseline, run_baseline
 from textserve.model.checkpoint import CURVES_FILE, METRICS_FILE, TEST_FILE
 from textserve.model.report import plot_curves
 from textserve.model.train_config import TrainConfig, TrainConfigError
@@ -223,7 +224,7 @@ def finetune(cfg: TrainConfig, device: torch.device, out_dir: Path, t_start: flo
             "total_seconds": time.perf_counter() - t_start,
         },
     }
-    train_mod.add_baseline(metrics, train_mod.run_baseline(cfg, splits, encoded, labels))
+    add_baseline(metrics, run_baseline(cfg, splits, encoded, labels))
     run_info = _run_info(cfg, labels, max_length, splits)
     _save(out_dir, hf_model, tokenizer, max_length, metrics, run_info, splits.test)
     train_mod.log_summary(metrics, out_dir, t_start)

@@ -1,4 +1,4 @@
-"""Classification metrics (accuracy, macro-F1, per-class P/R/F1, confusion matrix), curves PNG.
+"""Classification metrics (accuracy, macro-F1, per-class P/R/F1, confusion matrix), PNGs.
 
 numpy only (matplotlib is imported lazily, with the Agg backend, when a plot is drawn).
 """
@@ -75,6 +75,37 @@ def plot_curves(history: Sequence[dict[str, float]], path: Path, title: str = ""
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_reliability(summary: dict[str, Any], path: Path, title: str = "") -> None:
+    """The test split's reliability diagram before / after temperature scaling, as a PNG.
+
+    `summary` is metrics.json's "calibration" (model/calibration.py's `summary`).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
+    for when, marker in (("before", "o"), ("after", "s")):
+        bins = summary["test_reliability"][when]
+        figures = summary["test"][when]
+        ax.plot(
+            [b["mean_confidence"] for b in bins], [b["accuracy"] for b in bins], marker=marker,
+            label=f"{when} (ECE {figures['ece']:.3f}, NLL {figures['nll']:.3f})",
+        )  # fmt: skip
+    low = min(b["from"] for when in ("before", "after") for b in summary["test_reliability"][when])
+    ax.set_xlim(low, 1)
+    ax.set_ylim(low, 1)
+    ax.set_xlabel("confidence (top label's score)")
+    ax.set_ylabel("accuracy on the test split")
+    ax.set_title(title or f"temperature {summary['temperature']:.3f}, fitted on validation")
+    ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -22,10 +22,12 @@ from torch import nn
 from torch.nn import functional as F
 from tqdm import tqdm
 
+from textserve.model import calibration
 from textserve.model import data as data_mod
-from textserve.model.checkpoint import CURVES_FILE, save_run
+from textserve.model.baseline import add_baseline, run_baseline
+from textserve.model.checkpoint import CURVES_FILE, RELIABILITY_FILE, save_run
 from textserve.model.classifier import ModelConfig, TransformerClassifier
-from textserve.model.report import classification_metrics, plot_curves
+from textserve.model.report import classification_metrics, plot_curves, plot_reliability
 from textserve.model.tokenizer import train_tokenizer
 from textserve.model.train_config import TrainConfig, TrainConfigError
 from textserve.tokenization import PAD_TOKEN_ID, encode_ids, pad
@@ -222,14 +224,13 @@ def train(cfg: TrainConfig) -> Path:
     # The optimizer trains the encoder alone; the bag (if any) is fitted after it, in closed form.
     encoder = EncoderOnly(model)
     history, best = fit(encoder, cfg, encoded, device, optimizer, model_cfg.num_labels)
-    bag, val_metrics, refit = _fit_bag_and_validate(model, cfg, encoded, tokenizer, labels, device)
+    bag, val_logits, refit = _fit_bag_and_validate(model, cfg, encoded, tokenizer, device)
+    val_metrics = _metrics(val_logits, encoded["validation"], labels)
+    temperature = _calibrate(model, cfg, val_logits, encoded["validation"])
     t_fit = time.perf_counter()
 
-    test_metrics = evaluate(model, encoded["test"], labels, device)
-    if bag is not None:
-        encoder_test = evaluate(encoder, encoded["test"], labels, device)
-        bag["encoder_test_accuracy"] = encoder_test["accuracy"]
-        bag["encoder_test_macro_f1"] = encoder_test["macro_f1"]
+    test_logits = predict(model, encoded["test"][0], device)
+    test_metrics = _metrics(test_logits, encoded["test"], labels)
     baseline = run_baseline(cfg, splits, encoded, labels, refit=refit)
     majority = max(splits.test.label_counts().values()) / len(splits.test)
     timings = {
@@ -254,8 +255,7 @@ def train(cfg: TrainConfig) -> Path:
         "threads": torch.get_num_threads(),
         "timings": timings,
     }
-    if bag is not None:
-        metrics["bag"] = bag
+    metrics.update(_extras(bag, temperature, encoder, (val_logits, test_logits), encoded, labels))
     add_baseline(metrics, baseline)
     _write_run(cfg, out_dir, model, labels, tokenizer, metrics, splits, history)
     log_summary(metrics, out_dir, t_start)
@@ -273,30 +273,82 @@ class EncoderOnly(nn.Module):
         return self.model.encoder_logits(input_ids, attention_mask)
 
 
+def _extras(
+    bag: dict[str, Any] | None,
+    temperature: float | None,
+    encoder: nn.Module,
+    logits: tuple[torch.Tensor, torch.Tensor],
+    encoded: dict[str, Encoded],
+    labels: list[str],
+) -> dict[str, Any]:
+    """metrics.json's "bag" (with the encoder's own test figures) and "calibration", if any."""
+    out: dict[str, Any] = {}
+    if bag is not None:
+        device = next(encoder.parameters()).device
+        alone = evaluate(encoder, encoded["test"], labels, device)
+        out["bag"] = {
+            **bag,
+            "encoder_test_accuracy": alone["accuracy"],
+            "encoder_test_macro_f1": alone["macro_f1"],
+        }
+    if temperature is not None:
+        val_logits, test_logits = logits
+        out["calibration"] = calibration.summary(
+            temperature, (val_logits, encoded["validation"][1]), test_logits, encoded["test"][1]
+        )
+    return out
+
+
 def _fit_bag_and_validate(
     model: TransformerClassifier,
     cfg: TrainConfig,
     encoded: dict[str, Encoded],
     tokenizer: Any,
-    labels: list[str],
     device: torch.device,
-) -> tuple[dict[str, Any] | None, dict[str, Any], bool]:
-    """(the bag's summary or None, the validation metrics, whether the bag was refitted).
+) -> tuple[dict[str, Any] | None, torch.Tensor, bool]:
+    """(the bag's summary or None, the validation logits, whether the bag was refitted).
 
-    The bag is fitted on the training split, the validation figures are taken with it, then
+    The bag is fitted on the training split, the validation logits are taken with it, then
     (cfg.bag_refit) it is fitted again on training + validation: the shipped model's bag has
     seen more data, its validation figures stay those of a model that had not seen them.
     """
     if not model.config.bag_buckets:
-        return None, evaluate(model, encoded["validation"], labels, device), False
+        return None, predict(model, encoded["validation"][0], device), False
     bag = _fit_bag(model, encoded, tokenizer, ("train",))
-    val_metrics = evaluate(model, encoded["validation"], labels, device)
+    val_logits = predict(model, encoded["validation"][0], device)
     if "error" in bag or not cfg.bag_refit or not encoded["validation"][0]:
-        return bag, val_metrics, False
+        return bag, val_logits, False
     again = _fit_bag(model, encoded, tokenizer, ("train", "validation"))
     if "error" in again:  # the first fit's tables are still in place
-        return bag, val_metrics, False
-    return {**again, "seconds": bag["seconds"] + again["seconds"]}, val_metrics, True
+        return bag, val_logits, False
+    return {**again, "seconds": bag["seconds"] + again["seconds"]}, val_logits, True
+
+
+def _calibrate(
+    model: TransformerClassifier, cfg: TrainConfig, val_logits: torch.Tensor, validation: Encoded
+) -> float | None:
+    """Fit the temperature on the validation logits and fold it into `model`; None if not."""
+    if not cfg.calibrate:
+        return None
+    if len(validation[0]) < calibration.MIN_TEXTS:
+        logger.warning(
+            "scores not calibrated: %d validation texts, fewer than %d",
+            len(validation[0]), calibration.MIN_TEXTS,
+        )  # fmt: skip
+        return None
+    temperature = calibration.fit_temperature(val_logits, validation[1])
+    calibration.fold_temperature(model, temperature)
+    before = calibration.calibration_figures(val_logits, validation[1])
+    after = calibration.calibration_figures(val_logits / temperature, validation[1])
+    logger.info(
+        "calibration: temperature %.3f fitted on validation (NLL %.4f -> %.4f, ECE %.4f -> %.4f)",
+        temperature, before["nll"], after["nll"], before["ece"], after["ece"],
+    )  # fmt: skip
+    return temperature
+
+
+def _metrics(logits: torch.Tensor, split: Encoded, labels: list[str]) -> dict[str, Any]:
+    return classification_metrics(split[1].numpy(), logits.argmax(dim=1).numpy(), labels)
 
 
 def _fit_bag(
@@ -383,6 +435,8 @@ def _write_run(
             data_info=data_info, train_info=train_info,
         )  # fmt: skip
         plot_curves(history, tmp / CURVES_FILE, title=f"textserve {cfg.preset}: {out_dir.name}")
+        if "calibration" in metrics:
+            plot_reliability(metrics["calibration"], tmp / RELIABILITY_FILE)
         if out_dir.exists():
             out_dir.rmdir()  # checked empty above
         tmp.rename(out_dir)
@@ -414,77 +468,6 @@ def log_summary(metrics: dict[str, Any], out_dir: Path, t_start: float) -> None:
         logger.warning("%s", warning)
 
 
-def add_baseline(metrics: dict[str, Any], baseline: dict[str, Any] | None) -> None:
-    """metrics["baseline"] and metrics["warnings"] (the model losing to it), if it ran."""
-    if baseline is not None:
-        metrics["baseline"] = baseline
-        metrics["warnings"] = _baseline_warnings(metrics["test"], baseline)
-
-
-def run_baseline(
-    cfg: TrainConfig,
-    splits: data_mod.Splits,
-    encoded: dict[str, Encoded],
-    labels: list[str],
-    refit: bool = False,
-) -> dict[str, Any] | None:
-    """The linear baseline's figures on the run's own splits (None with --no-baseline).
-
-    Fitted on the training split; with `refit` (the model's bag was refitted on training +
-    validation) its test figures are those of a second fit on training + validation, so the
-    comparison is like for like. The first fit's test figures stay as `train_only_test`.
-    """
-    if not cfg.baseline:
-        return None
-    from textserve.model.baseline import fit_baseline
-
-    targets = {name: encoded[name][1].tolist() for name in ("train", "validation", "test")}
-    sets = {
-        name: (split.texts, targets[name])
-        for name, split in (("validation", splits.validation), ("test", splits.test))
-    }
-    try:
-        result = fit_baseline(splits.train.texts, targets["train"], sets, labels)
-        if refit:
-            both = [*splits.train.texts, *splits.validation.texts]
-            again = fit_baseline(
-                both, targets["train"] + targets["validation"], {"test": sets["test"]}, labels
-            )
-    except ValueError as exc:  # e.g. a vocabulary left empty by min_df on a handful of texts
-        logger.warning("linear baseline skipped: %s", exc)
-        return {"model": "skipped", "error": str(exc), "accuracy": None, "macro_f1": None}
-    test, val, seconds = result["test"], result["validation"], result["seconds"]
-    extra: dict[str, Any] = {"fitted_on": "train"}
-    if refit:
-        extra = {"fitted_on": "train + validation", "train_only_test": test}
-        test, seconds = again["test"], seconds + again["seconds"]
-    logger.info(
-        "linear baseline (%s, fitted on %s): test accuracy %.4f, macro-F1 %.4f; %.1fs",
-        result["model"], extra["fitted_on"], test["accuracy"], test["macro_f1"], seconds,
-    )  # fmt: skip
-    return {
-        "model": result["model"],
-        "accuracy": test["accuracy"],
-        "macro_f1": test["macro_f1"],
-        "validation_accuracy": val["accuracy"],
-        "validation_macro_f1": val["macro_f1"],
-        "test": test,
-        "validation": val,
-        "seconds": seconds,
-        **extra,
-    }
-
-
-def _baseline_warnings(test_metrics: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
-    if baseline["accuracy"] is None or test_metrics["accuracy"] >= baseline["accuracy"]:
-        return []
-    return [
-        f"the model does not beat the linear baseline: test accuracy "
-        f"{test_metrics['accuracy']:.4f} < {baseline['accuracy']:.4f} ({baseline['model']}); "
-        "a bigger or pretrained model (--init-from) or more data may help"
-    ]
-
-
 Encoded = tuple[list[list[int]], torch.Tensor]
 
 
@@ -495,8 +478,7 @@ def evaluate(
     device: torch.device,
     pad_token_id: int = PAD_TOKEN_ID,
 ) -> dict[str, Any]:
-    logits = predict(model, split[0], device, pad_token_id=pad_token_id)
-    return classification_metrics(split[1].numpy(), logits.argmax(dim=1).numpy(), labels)
+    return _metrics(predict(model, split[0], device, pad_token_id=pad_token_id), split, labels)
 
 
 def fit(

@@ -52,6 +52,9 @@ class TrainConfig:
     # figures, then fitted again on training + validation for the model that ships and its test
     # figures (its settings were chosen on validation before; the test split stays unseen).
     bag_refit: bool = True
+    # Temperature scaling (model/calibration.py): one scalar fitted on validation divides the
+    # logits, folded into the weights; accuracy is unchanged, the scores are calibrated.
+    calibrate: bool = True
     # Fine-tuning (model/finetune.py): a Hugging Face model folder (save_pretrained) or model id
     init_from: str | None = None
     layer_decay: float = 0.9  # fine-tuning: each layer down from the head learns this × slower
