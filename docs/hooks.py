@@ -229,10 +229,9 @@ def bench_stream(_: str | None) -> str:
     return _bench_run(RESULTS / "stream", None)
 
 
-def bench_perf_analyzer(name: str | None) -> str:
-    path = RESULTS / (name or "perf_analyzer.json")
+def _perf_analyzer_table(steps: list[dict[str, Any]]) -> str:
     rows = []
-    for step in _read_json(path):
+    for step in steps:
         if "concurrency" in step:
             load = f"c={step['concurrency']:g}"
         else:
@@ -240,13 +239,27 @@ def bench_perf_analyzer(name: str | None) -> str:
         rows.append(
             [load, f"{step['throughput']:,.0f}"]
             + [f"{step[k]:.2f}" for k in ("p50_ms", "p90_ms", "p95_ms", "p99_ms")]
-            + [f"{step.get('server_queue_ms', float('nan')):.2f}"]
-            + [f"{step.get('server_compute_infer_ms', float('nan')):.2f}"]
+            + [f"{step[k]:.2f}" if k in step else "–" for k in _SERVER_COLUMNS]
         )
     header = ["load", "texts/s", "p50 ms", "p90 ms", "p95 ms", "p99 ms"]
     header += ["server queue ms", "server infer ms"]
-    table = _table(header, rows, "---:|" * (len(header) - 1) + "---:")
-    return f"From `{path.relative_to(ROOT)}`:\n\n{table}"
+    return _table(header, rows, "---:|" * (len(header) - 1) + "---:")
+
+
+_SERVER_COLUMNS = ("server_queue_ms", "server_compute_infer_ms")
+
+
+def bench_perf_analyzer(name: str | None) -> str:
+    # A list of steps (older results), or {"textserve": [...], "echo": [...]} with `--floor`.
+    path = RESULTS / (name or "perf_analyzer.json")
+    result = _read_json(path)
+    runs = result if isinstance(result, dict) else {"textserve": result}
+    parts = [f"From `{path.relative_to(ROOT)}`:"]
+    for server in ("textserve", "echo"):
+        if isinstance(runs.get(server), list):
+            title = "textserve" if server == "textserve" else "model-less echo server (`--floor`)"
+            parts += ["", f"{title}:", "", _perf_analyzer_table(runs[server])]
+    return "\n".join(parts)
 
 
 def bench_export(_: str | None) -> str:
