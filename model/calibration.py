@@ -6,7 +6,8 @@ where it is right 0.80 of the time. One scalar T, fitted on the validation split
 minimising their negative log-likelihood (Guo et al., 2017, "On Calibration of Modern Neural
 Networks"), divides the logits: argmax, hence accuracy, is unchanged; the probabilities are
 closer to the accuracy they claim. T is folded into the weights (the head and the bag's tables
-scaled by 1/T), so the exported graph and serving change nothing.
+scaled by 1/T; for a fine-tuned Hugging Face model, its classifier's output layer), so the
+exported graph and serving change nothing.
 
     >>> t = fit_temperature(validation_logits, validation_targets)  # doctest: +SKIP
     >>> fold_temperature(model, t)  # doctest: +SKIP
@@ -14,17 +15,38 @@ scaled by 1/T), so the exported graph and serving change nothing.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from textserve.model.classifier import TransformerClassifier
+
+logger = logging.getLogger("textserve.model.train")  # the run's log: one logger for a run
 
 MIN_TEXTS = 100  # below this many validation texts, T would be fitted to noise: not calibrated
 T_RANGE = (0.05, 20.0)  # a fitted T outside this is clamped (separable or degenerate logits)
 ECE_BINS = 15
+
+
+def choose_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float | None:
+    """T fitted on the validation split's logits, logged; None (and a warning) if too few."""
+    if len(targets) < MIN_TEXTS:
+        logger.warning(
+            "scores not calibrated: %d validation texts, fewer than %d", len(targets), MIN_TEXTS
+        )
+        return None
+    temperature = fit_temperature(logits, targets)
+    before = calibration_figures(logits, targets)
+    after = calibration_figures(logits / temperature, targets)
+    logger.info(
+        "calibration: temperature %.3f fitted on validation (NLL %.4f -> %.4f, ECE %.4f -> %.4f)",
+        temperature, before["nll"], after["nll"], before["ece"], after["ece"],
+    )  # fmt: skip
+    return temperature
 
 
 def fit_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float:
@@ -80,12 +102,31 @@ def calibration_figures(logits: torch.Tensor, targets: torch.Tensor) -> dict[str
 def fold_temperature(model: TransformerClassifier, temperature: float) -> None:
     """Scale the model's output by 1/T in its weights: the head and (if any) the bag's tables."""
     scale = 1.0 / temperature
+    scale_layer(model.head, scale)
     with torch.no_grad():
-        model.head.weight.mul_(scale)
-        model.head.bias.mul_(scale)
         if model.config.bag_buckets:
             for table in (model.bag_ngram, model.bag_char, model.bag_bias):
                 table.mul_(scale)
+
+
+def output_layer(module: nn.Module, num_labels: int) -> nn.Linear | None:
+    """A Hugging Face classifier's output layer: the last nn.Linear with `num_labels` outputs
+    (BERT's `classifier`, RoBERTa's `classifier.out_proj`, ...), or None.
+
+    The caller checks the model's logits after scaling it: a layer found this way may not be
+    the last operation of every architecture.
+    """
+    linear = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    heads = [m for m in linear if m.out_features == num_labels]
+    return heads[-1] if heads else None
+
+
+def scale_layer(layer: nn.Linear, factor: float) -> None:
+    """Multiply a linear layer's weight and bias by `factor` (its output scales by it)."""
+    with torch.no_grad():
+        layer.weight.mul_(factor)
+        if layer.bias is not None:
+            layer.bias.mul_(factor)
 
 
 def summary(

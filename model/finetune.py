@@ -14,6 +14,7 @@ save_pretrained folder, so transformers and `textserve export` read it as any ot
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -26,10 +27,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from textserve.model import calibration
 from textserve.model import train as train_mod
 from textserve.model.baseline import add_baseline, run_baseline
-from textserve.model.checkpoint import CURVES_FILE, METRICS_FILE, TEST_FILE
-from textserve.model.report import plot_curves
+from textserve.model.checkpoint import CURVES_FILE, METRICS_FILE, RELIABILITY_FILE, TEST_FILE
+from textserve.model.report import plot_curves, plot_reliability
 from textserve.model.train_config import TrainConfig, TrainConfigError
 from textserve.tokenization import Tokenization
 
@@ -167,15 +169,7 @@ def finetune(cfg: TrainConfig, device: torch.device, out_dir: Path, t_start: flo
     if pad_id is None:
         raise TrainConfigError(f"--init-from {cfg.init_from}: its tokenizer has no padding token")
     t_data = time.perf_counter()
-    encoded = {
-        name: (
-            encode(tokenizer, split.texts, max_length),
-            torch.tensor([index[y] for y in split.labels], dtype=torch.long),
-        )
-        for name, split in (
-            ("train", splits.train), ("validation", splits.validation), ("test", splits.test),
-        )
-    }  # fmt: skip
+    encoded = _encode_splits(tokenizer, splits, index, max_length)
     t_tok = time.perf_counter()
     # A new head for these labels (the seed set by train() makes its initialisation repeatable);
     # ignore_mismatched_sizes: a folder that already had a head for other labels.
@@ -197,9 +191,12 @@ def finetune(cfg: TrainConfig, device: torch.device, out_dir: Path, t_start: flo
     history, best = train_mod.fit(
         model, cfg, encoded, device, optimizer, len(labels), pad_token_id=pad_id
     )
+    val_logits = train_mod.predict(model, encoded["validation"][0], device, pad_token_id=pad_id)
+    val = train_mod.metrics_of(val_logits, encoded["validation"], labels)
+    temperature = _calibrate(model, cfg, val_logits, encoded["validation"], device, pad_id)
     t_fit = time.perf_counter()
-    val = train_mod.evaluate(model, encoded["validation"], labels, device, pad_token_id=pad_id)
-    test = train_mod.evaluate(model, encoded["test"], labels, device, pad_token_id=pad_id)
+    test_logits = train_mod.predict(model, encoded["test"][0], device, pad_token_id=pad_id)
+    test = train_mod.metrics_of(test_logits, encoded["test"], labels)
     metrics = {
         "test_accuracy": test["accuracy"],
         "test_macro_f1": test["macro_f1"],
@@ -224,11 +221,60 @@ def finetune(cfg: TrainConfig, device: torch.device, out_dir: Path, t_start: flo
             "total_seconds": time.perf_counter() - t_start,
         },
     }
+    if temperature is not None:
+        metrics["calibration"] = calibration.summary(
+            temperature, (val_logits, encoded["validation"][1]), test_logits, encoded["test"][1]
+        )
     add_baseline(metrics, run_baseline(cfg, splits, encoded, labels))
     run_info = _run_info(cfg, labels, max_length, splits)
     _save(out_dir, hf_model, tokenizer, max_length, metrics, run_info, splits.test)
     train_mod.log_summary(metrics, out_dir, t_start)
     return out_dir
+
+
+def _encode_splits(
+    tokenizer: Any, splits: Any, index: dict[str, int], max_length: int
+) -> dict[str, train_mod.Encoded]:
+    """Each split's token ids (the model's own tokenizer) and label indices."""
+    return {
+        name: (
+            encode(tokenizer, split.texts, max_length),
+            torch.tensor([index[y] for y in split.labels], dtype=torch.long),
+        )
+        for name, split in (
+            ("train", splits.train), ("validation", splits.validation), ("test", splits.test),
+        )
+    }  # fmt: skip
+
+
+def _calibrate(
+    model: Pretrained,
+    cfg: TrainConfig,
+    val_logits: torch.Tensor,
+    validation: train_mod.Encoded,
+    device: torch.device,
+    pad_id: int,
+) -> float | None:
+    """Temperature scaling folded into the classifier's output layer, checked on validation."""
+    temperature = (
+        calibration.choose_temperature(val_logits, validation[1]) if cfg.calibrate else None
+    )
+    if temperature is None:
+        return None
+    head = calibration.output_layer(model.hf, val_logits.shape[1])
+    if head is not None:
+        saved = copy.deepcopy(head.state_dict())
+        calibration.scale_layer(head, 1.0 / temperature)
+        # The layer found must be the last operation: the logits are now exactly divided by T.
+        check = train_mod.predict(model, validation[0][:64], device, pad_token_id=pad_id)
+        if torch.allclose(check, val_logits[:64] / temperature, rtol=1e-2, atol=1e-3):
+            return temperature
+        head.load_state_dict(saved)  # not the last operation: leave the model as it was
+    logger.warning(
+        "scores not calibrated: no output layer of %s divides its logits by the temperature",
+        type(model.hf).__name__,
+    )
+    return None
 
 
 def _run_info(cfg: TrainConfig, labels: list[str], max_length: int, splits: Any) -> dict[str, Any]:
@@ -270,6 +316,8 @@ def _save(
             for text, label in zip(test.texts, test.labels, strict=True):
                 fh.write(json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
         plot_curves(metrics["history"], tmp / CURVES_FILE, title=f"textserve fine-tune: {out_dir}")
+        if "calibration" in metrics:
+            plot_reliability(metrics["calibration"], tmp / RELIABILITY_FILE)
         if out_dir.exists():
             out_dir.rmdir()  # checked empty by train()
         tmp.rename(out_dir)

@@ -225,12 +225,12 @@ def train(cfg: TrainConfig) -> Path:
     encoder = EncoderOnly(model)
     history, best = fit(encoder, cfg, encoded, device, optimizer, model_cfg.num_labels)
     bag, val_logits, refit = _fit_bag_and_validate(model, cfg, encoded, tokenizer, device)
-    val_metrics = _metrics(val_logits, encoded["validation"], labels)
+    val_metrics = metrics_of(val_logits, encoded["validation"], labels)
     temperature = _calibrate(model, cfg, val_logits, encoded["validation"])
     t_fit = time.perf_counter()
 
     test_logits = predict(model, encoded["test"][0], device)
-    test_metrics = _metrics(test_logits, encoded["test"], labels)
+    test_metrics = metrics_of(test_logits, encoded["test"], labels)
     baseline = run_baseline(cfg, splits, encoded, labels, refit=refit)
     majority = max(splits.test.label_counts().values()) / len(splits.test)
     timings = {
@@ -328,26 +328,16 @@ def _calibrate(
     model: TransformerClassifier, cfg: TrainConfig, val_logits: torch.Tensor, validation: Encoded
 ) -> float | None:
     """Fit the temperature on the validation logits and fold it into `model`; None if not."""
-    if not cfg.calibrate:
-        return None
-    if len(validation[0]) < calibration.MIN_TEXTS:
-        logger.warning(
-            "scores not calibrated: %d validation texts, fewer than %d",
-            len(validation[0]), calibration.MIN_TEXTS,
-        )  # fmt: skip
-        return None
-    temperature = calibration.fit_temperature(val_logits, validation[1])
-    calibration.fold_temperature(model, temperature)
-    before = calibration.calibration_figures(val_logits, validation[1])
-    after = calibration.calibration_figures(val_logits / temperature, validation[1])
-    logger.info(
-        "calibration: temperature %.3f fitted on validation (NLL %.4f -> %.4f, ECE %.4f -> %.4f)",
-        temperature, before["nll"], after["nll"], before["ece"], after["ece"],
-    )  # fmt: skip
+    temperature = (
+        calibration.choose_temperature(val_logits, validation[1]) if cfg.calibrate else None
+    )
+    if temperature is not None:
+        calibration.fold_temperature(model, temperature)
     return temperature
 
 
-def _metrics(logits: torch.Tensor, split: Encoded, labels: list[str]) -> dict[str, Any]:
+def metrics_of(logits: torch.Tensor, split: Encoded, labels: list[str]) -> dict[str, Any]:
+    """classification_metrics of the logits' argmax against the split's targets."""
     return classification_metrics(split[1].numpy(), logits.argmax(dim=1).numpy(), labels)
 
 
@@ -478,7 +468,7 @@ def evaluate(
     device: torch.device,
     pad_token_id: int = PAD_TOKEN_ID,
 ) -> dict[str, Any]:
-    return _metrics(predict(model, split[0], device, pad_token_id=pad_token_id), split, labels)
+    return metrics_of(predict(model, split[0], device, pad_token_id=pad_token_id), split, labels)
 
 
 def fit(

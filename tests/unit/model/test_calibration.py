@@ -128,3 +128,55 @@ def test_too_few_validation_texts_are_not_calibrated(
     assert "calibration" not in metrics
     warned = [r.getMessage() for r in caplog.records]
     assert any("scores not calibrated: 21 validation texts" in m for m in warned)
+
+
+def _hf_model(kind: str) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    small = {"vocab_size": 60, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "intermediate_size": 32, "max_position_embeddings": 40, "num_labels": 3}  # fmt: skip
+    if kind == "bert":  # its head: `classifier`, a Linear
+        return transformers.BertForSequenceClassification(transformers.BertConfig(**small))
+    # RoBERTa's head ends in `classifier.out_proj`, after a dense layer of hidden_size outputs
+    config = transformers.RobertaConfig(**small, pad_token_id=1)
+    return transformers.RobertaForSequenceClassification(config)
+
+
+class _Offset(torch.nn.Module):
+    """A model whose output layer is not its last operation: logits = head(x) + 1."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> object:
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask)
+        out.logits = out.logits + 1.0
+        return out
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "offset"])
+def test_a_finetuned_model_is_calibrated_in_its_head_or_left_alone(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from textserve.model.finetune import Pretrained, _calibrate
+    from textserve.model.train import predict
+
+    torch.manual_seed(0)
+    hf = _hf_model("bert" if kind == "offset" else kind).eval()
+    model = Pretrained(_Offset(hf) if kind == "offset" else hf)
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randint(3, 60, (5 + n % 30,), generator=g).tolist() for n in range(120)]
+    device = torch.device("cpu")
+    logits = predict(model, rows, device, pad_token_id=0)
+    targets = (logits * 4).argmax(dim=1)  # labels the raw scores under-state: T < 1
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with caplog.at_level(logging.WARNING, logger="textserve.model.train"):
+        temperature = _calibrate(model, TrainConfig(), logits, (rows, targets), device, 0)
+    after = predict(model, rows, device, pad_token_id=0)
+    if kind == "offset":  # dividing the head's weights does not divide these logits: undone
+        assert temperature is None
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+        assert "no output layer of _Offset divides its logits" in caplog.text
+    else:
+        assert temperature is not None and temperature < 1.0
+        torch.testing.assert_close(after, logits / temperature, rtol=1e-4, atol=1e-5)
