@@ -40,6 +40,9 @@ def choose_temperature(logits: torch.Tensor, targets: torch.Tensor) -> float | N
         )
         return None
     temperature = fit_temperature(logits, targets)
+    if not np.isfinite(temperature):  # logits with NaN or inf in them: nothing to fit
+        logger.warning("scores not calibrated: the validation logits are not all finite")
+        return None
     before = calibration_figures(logits, targets)
     after = calibration_figures(logits / temperature, targets)
     logger.info(

@@ -39,6 +39,15 @@ def test_the_fitted_temperature_undoes_a_known_one(true_t: float) -> None:
     assert calibration.fit_temperature(logits * true_t, labels) == fitted  # deterministic
 
 
+def test_logits_that_are_not_finite_are_not_calibrated(caplog: pytest.LogCaptureFixture) -> None:
+    logits, labels = _drawn(200, 2, seed=4)
+    logits[7, 1] = float("nan")
+    with caplog.at_level(logging.WARNING, logger="textserve.model.train"):
+        assert calibration.choose_temperature(logits, labels) is None
+    assert "the validation logits are not all finite" in caplog.text
+    assert calibration.choose_temperature(logits[:7].repeat(20, 1), labels[:7].repeat(20))
+
+
 def test_calibration_figures_by_hand() -> None:
     # Two texts at confidence 0.9 (one right), two at 0.6 (both right), two labels.
     p = torch.tensor([0.9, 0.9, 0.6, 0.6])
