@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from textserve.service.cli import write_ready_file
-from textserve.service.servicers import oip_describe
+from textserve.service.dataplane import oip_describe
 
 
 class _EchoModel:

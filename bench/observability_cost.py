@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry
 
 from textserve.bench.otlp_sink import otlp_sink
 from textserve.service.access_log import AccessLog
+from textserve.service.dataplane.context import Telemetry
+from textserve.service.dataplane.observe import observed
 from textserve.service.engine.batcher import RunStats
 from textserve.service.engine.handle import ClassifyResult, Timings
 from textserve.service.metrics import Metrics
-from textserve.service.servicers.context import Telemetry
-from textserve.service.servicers.status import observed
 from textserve.service.tracing import Tracing
 
 TEXTS = ["a gripping, beautifully acted film"]

@@ -25,7 +25,7 @@ from textserve.model.report import classification_metrics
 
 if TYPE_CHECKING:  # types only: train imports this module
     from textserve.model.data import Splits
-    from textserve.model.train import Encoded
+    from textserve.model.loop import Encoded
     from textserve.model.train_config import TrainConfig
 
 logger = logging.getLogger("textserve.model.train")  # the run's log: one logger for a run

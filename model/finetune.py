@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from textserve.model import calibration
-from textserve.model import train as train_mod
+from textserve.model import loop as train_mod
 from textserve.model.baseline import add_baseline, run_baseline
 from textserve.model.checkpoint import CURVES_FILE, METRICS_FILE, RELIABILITY_FILE, TEST_FILE
 from textserve.model.report import plot_curves, plot_reliability

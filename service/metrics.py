@@ -26,6 +26,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -33,6 +34,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 # The label sets, buckets and the HTTP endpoint live in modules of their own; every name is
 # re-exported here, the one import path of the server's metrics.
+from textserve.service.histograms import observe, observe_many
 from textserve.service.metric_labels import (
     BATCH_SIZE_BUCKETS,
     BATCH_TOKEN_BUCKETS,
@@ -367,7 +369,10 @@ class Metrics:
             children = self._children(method, model, code)
         requests, duration, failures = children
         requests.inc()
-        duration.observe(seconds, exemplar)
+        if exemplar is None:
+            observe(duration, seconds)
+        else:
+            duration.observe(seconds, exemplar)
         if failures is not None:
             failures.inc()
 
@@ -430,16 +435,14 @@ class ModelMetrics:
     def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
         """One model run: ``size`` texts, ``padded_tokens`` (size x width), the wasted fraction,
         and its onnxruntime time."""
-        self._size.observe(size)
-        self._tokens.observe(padded_tokens)
-        self._padding.observe(min(1.0, max(0.0, padding_ratio)))
-        self._inference.observe(seconds)
+        observe(self._size, size)
+        observe(self._tokens, padded_tokens)
+        observe(self._padding, min(1.0, max(0.0, padding_ratio)))
+        observe(self._inference, seconds)
 
-    def on_queue_waits(self, waits: Sequence[float]) -> None:
-        """How long each text of a batch waited in the queue."""
-        observe = self._queue.observe
-        for wait in waits:
-            observe(wait)
+    def on_queue_waits(self, waits: Sequence[float] | np.ndarray) -> None:
+        """How long each text of a batch waited in the queue (one pass for the batch)."""
+        observe_many(self._queue, waits)
 
     def on_queue_depth(self, depth: int) -> None:
         """Texts waiting in the model's queue now."""
@@ -451,7 +454,7 @@ class ModelMetrics:
 
     def on_tokenize(self, seconds: float) -> None:
         """The tokenization of one batch."""
-        self._tokenize.observe(seconds)
+        observe(self._tokenize, seconds)
 
 
 class CacheMetrics:
@@ -484,13 +487,15 @@ class PredictionMetrics:
         self._labels = [metrics.predictions.labels(model, version, label) for label in labels]
         self._confidence = metrics.prediction_confidence.labels(model, version)
 
-    def observe(self, winners: Sequence[int], confidences: Sequence[float]) -> None:
-        """Count one request's predictions: each text's winning label index and probability."""
+    def observe(self, probabilities: np.ndarray) -> None:
+        """Count the predictions of a batch or a request (rows: texts, columns: labels): each
+        text's winning label and its probability, in one pass."""
+        if not len(probabilities):
+            return
+        winners = probabilities.argmax(axis=1).tolist()
         counts: dict[int, int] = {}
         for winner in winners:
             counts[winner] = counts.get(winner, 0) + 1
         for winner, count in counts.items():
             self._labels[winner].inc(count)
-        observe = self._confidence.observe
-        for confidence in confidences:
-            observe(confidence)
+        observe_many(self._confidence, probabilities.max(axis=1))

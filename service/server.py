@@ -13,13 +13,14 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from textserve.service.config import ServerConfig
+from textserve.service.dataplane.context import ServingContext, Telemetry
 from textserve.service.drain import DrainGate
 from textserve.service.health import NOT_SERVING, SERVING, DrainingHealthServicer
 from textserve.service.http.serving import HttpFrontEnd, http_front_end
@@ -28,8 +29,8 @@ from textserve.service.metrics import SERVING as READY
 from textserve.service.repository.core import ModelRepository
 from textserve.service.security import add_port
 from textserve.service.servicers import admin, classifier, oip
-from textserve.service.servicers.context import Register, ServingContext, Telemetry
-from textserve.service.servicers.interceptors import DecodeGuard, auth_interceptors
+from textserve.service.servicers.context import Register
+from textserve.service.servicers.interceptors import GuardedRegistrar, auth_interceptors
 from textserve.service.tuning import tune_for_serving
 from textserve.v1 import admin_pb2
 
@@ -208,9 +209,10 @@ def create_server(
     )
     gate = DrainGate()
     grpc_server = grpc.aio.server(
-        # the drain's gate first: refusing costs nothing; then authentication: a refused
-        # call is neither parsed nor served
-        interceptors=[gate, *auth_interceptors(config.security), DecodeGuard()],
+        # authentication only (when on): a refused call is neither parsed nor served. The
+        # drain's gate and the decode guard sit on each method handler (GuardedRegistrar):
+        # an interceptor would cost every call a coroutine and a continuation.
+        interceptors=auth_interceptors(config.security),
         options=[
             # A larger request gets RESOURCE_EXHAUSTED from grpc before it is read whole.
             ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -219,14 +221,15 @@ def create_server(
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
     )
+    registrar: Any = GuardedRegistrar(grpc_server, gate)  # a grpc.aio.Server to the services
     names: list[str] = []
     for register in [*SERVICES, *extra_services]:
-        names.extend(register(grpc_server, ctx))
+        names.extend(register(registrar, ctx))
     health = DrainingHealthServicer()
     health.worker = coordinator.worker_id if coordinator is not None else None
-    health_pb2_grpc.add_HealthServicer_to_server(health, grpc_server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, registrar)
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-    reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], grpc_server)
+    reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], registrar)
     try:
         port = add_port(grpc_server, config.listen, config.security)
     except RuntimeError as exc:

@@ -34,7 +34,6 @@ import itertools
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -42,6 +41,11 @@ from typing import Any, Self
 import grpc
 
 from textserve.connect import bearer_metadata, open_channel
+from textserve.results import ClassifyResult as ClassifyResult
+from textserve.results import ClientError as ClientError
+from textserve.results import Prediction as Prediction
+from textserve.results import to_result as to_result
+from textserve.stream_feed import StreamFeed, aligned
 from textserve.v1 import admin_pb2, admin_pb2_grpc
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
@@ -73,42 +77,6 @@ def _open_channels(
         open_channel(target, options=connection_options(i, connections), aio=aio, **tls)
         for i in range(connections)
     ]
-
-
-class ClientError(Exception):
-    """A call that failed: `code` is the gRPC status code name (e.g. "INVALID_ARGUMENT")."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-    @classmethod
-    def from_rpc(cls, error: grpc.RpcError) -> ClientError:
-        code = error.code() if hasattr(error, "code") else None
-        details = error.details() if hasattr(error, "details") else str(error)
-        return cls(code.name if code is not None else "UNKNOWN", details or "")
-
-
-@dataclass(frozen=True)
-class Prediction:
-    label: str
-    score: float
-    scores: dict[str, float] = field(default_factory=dict)  # every label, with all_scores=True
-    top: list[tuple[str, float]] = field(default_factory=list)  # best top_k, with top_k > 0
-    num_tokens: int = 0
-    truncated: bool = False
-    # multi-label models: every label whose score reaches the threshold
-    labels_over_threshold: list[str] = field(default_factory=list)
-    cached: bool = False  # answered from the server's response cache, without inference
-
-
-@dataclass(frozen=True)
-class ClassifyResult:
-    model: str
-    version: int
-    predictions: list[Prediction]
-    timing: dict[str, float]  # queue/tokenize/inference/total seconds on the server
 
 
 def _request(
@@ -150,35 +118,6 @@ def _request(
     if threshold is not None:  # multi-label models: the score a label must reach
         request.threshold = threshold
     return request
-
-
-def to_result(response: pb.ClassifyResponse) -> ClassifyResult:
-    labels = list(response.labels)
-    predictions = [
-        Prediction(
-            label=r.label,
-            score=r.score,
-            scores=dict(zip(labels, r.scores, strict=False)) if r.scores else {},
-            top=[(t.label, t.score) for t in r.top],
-            num_tokens=r.num_tokens,
-            truncated=r.truncated,
-            labels_over_threshold=list(r.labels_over_threshold),
-            cached=r.cached,
-        )
-        for r in response.results
-    ]
-    t = response.timing
-    return ClassifyResult(
-        model=response.model,
-        version=response.model_version,
-        predictions=predictions,
-        timing={
-            "queue_seconds": t.queue_seconds,
-            "tokenize_seconds": t.tokenize_seconds,
-            "inference_seconds": t.inference_seconds,
-            "total_seconds": t.total_seconds,
-        },
-    )
 
 
 def _traced(metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
@@ -334,8 +273,6 @@ class Client(BlockingClient):
 
         if isinstance(text_pairs, str):
             raise TypeError("text_pairs must be an iterable of strings, not one string")
-        from textserve.stream_feed import StreamFeed, aligned  # imports this module
-
         feed = StreamFeed(
             texts if text_pairs is None else aligned(texts, text_pairs),
             build,
@@ -370,9 +307,6 @@ class Client(BlockingClient):
         return self._call(
             self.stub.GetModel, pb.GetModelRequest(name=name or "", version=version or 0)
         )
-
-
-_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 class AsyncClient:

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from textserve.client import _CODE_NAMES, ClassifyResult, ClientError, to_result
+from textserve.results import CODE_NAMES, ClassifyResult, ClientError, to_result
 from textserve.v1 import classifier_pb2 as pb
 
 
@@ -121,7 +121,7 @@ class StreamFeed:
                 response = self._answers.pop(index)
             self._permits.release()
             if response.HasField("error"):
-                code = _CODE_NAMES.get(response.error.code, "UNKNOWN")
+                code = CODE_NAMES.get(response.error.code, "UNKNOWN")
                 first = index * self._per_message  # its texts' positions in the input
                 raise ClientError(code, f"texts {first}..: {response.error.message}")
             yield to_result(response)

@@ -196,8 +196,10 @@ class Tokenization:
     ) -> list[Row]:
         """Each text (with its pair, when given) encoded and cut to max_length; `type_ids`
         False leaves Row.type_ids empty (a graph without the input: ~30% less time here)."""
+        # encode_batch_fast: the same ids, type ids and sequence ids without character offsets,
+        # which classification never reads (measured: a fifth less time per batch of short texts)
         if pairs is None:
-            encodings = self.tokenizer.encode_batch(list(texts))
+            encodings = self.tokenizer.encode_batch_fast(list(texts))
         else:
             if len(pairs) != len(texts):
                 raise TokenizationError(f"{len(pairs)} text pairs for {len(texts)} texts")
@@ -206,7 +208,7 @@ class Tokenization:
                     f"max_length {self.max_length} is shorter than the tokenizer's "
                     f"{self._specials[1]} special tokens of a pair"
                 )
-            encodings = self.tokenizer.encode_batch(list(zip(texts, pairs, strict=True)))
+            encodings = self.tokenizer.encode_batch_fast(list(zip(texts, pairs, strict=True)))
         if type_ids:
             return [self._row(encoding, True) for encoding in encodings]
         limit, rows = self.max_length, []

@@ -134,7 +134,8 @@ class ModelHandle:
         )
         # The model's response cache as this version sees it (use_cache; None: no cache).
         self.cache: VersionCache | None = None
-        # Every answer counted by its winning label (drift monitoring).
+        # Every answer counted by its winning label (drift monitoring): the rows a batch
+        # answered by the runner, once per batch; those answered from the cache here.
         self._predictions = (
             None
             if metrics is None
@@ -156,6 +157,7 @@ class ModelHandle:
         self.cache = self.runner.cache = cache
 
     def start(self) -> None:
+        self.runner.predictions = self._predictions  # from now on (warm-up runs are not answers)
         self.batcher.start()
 
     def flush(self) -> None:
@@ -362,8 +364,10 @@ class ModelHandle:
         n = len(hits)
         if not misses:  # all from the cache: the common case of a hit, built in one go
             found = [hit for hit in hits if hit is not None]
+            probabilities = np.array([h.probabilities for h in found])
+            self._observe(probabilities)
             return self._answer(
-                np.array([h.probabilities for h in found]),
+                probabilities,
                 np.array([h.num_tokens for h in found], np.int64),
                 np.array([h.full_tokens > h.num_tokens for h in found]) | _marks(n, cut),
                 np.ones(n, np.bool_),
@@ -379,6 +383,7 @@ class ModelHandle:
                 num_tokens[i] = hit.num_tokens
                 truncated[i] = hit.full_tokens > hit.num_tokens
                 cached[i] = True
+        self._observe(probabilities[cached])  # (the batch's rows were counted by the runner)
         queue = tokenize = inference = 0.0
         if batch is not None and misses:
             rows = batch.outputs
@@ -404,19 +409,17 @@ class ModelHandle:
         cached: np.ndarray,
         timings: Timings,
     ) -> ClassifyResult:
-        """A result with the cache's share counted (and predictions, as every answer)."""
+        """A result with the cache's share counted."""
         cache = self.cache  # (None if the model's cache was turned off meanwhile)
         if cache is not None:
             hit_count = int(np.count_nonzero(cached))
             cache.count(hit_count, len(cached) - hit_count)
-        self._observe(probabilities)
         return ClassifyResult(probabilities, num_tokens, truncated, timings, cached)
 
     def _observe(self, probabilities: np.ndarray) -> None:
-        if self._predictions is not None:
-            self._predictions.observe(
-                probabilities.argmax(axis=1).tolist(), probabilities.max(axis=1).tolist()
-            )
+        """Count answers from the cache (the runner counts those of its batches)."""
+        if self._predictions is not None and len(probabilities):
+            self._predictions.observe(probabilities)
 
     def _result(self, result: BatchResult, cut: list[int], started: float) -> ClassifyResult:
         rows = result.outputs
@@ -426,7 +429,6 @@ class ModelHandle:
             truncated[cut] = True  # cut by characters: the model did not see all of the text
         tokenize_seconds = float(rows["tokenize_seconds"].max())
         probabilities = np.ascontiguousarray(rows["probabilities"])
-        self._observe(probabilities)
         return ClassifyResult(
             probabilities=probabilities,
             num_tokens=num_tokens,

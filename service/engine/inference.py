@@ -89,6 +89,10 @@ class TokenizeObserver(Protocol):
     def on_tokenize(self, seconds: float) -> None: ...
 
 
+class PredictionObserver(Protocol):
+    def observe(self, probabilities: np.ndarray) -> None: ...
+
+
 def row_dtype(num_labels: int) -> np.dtype:
     """One text's result: what TextRunner returns per row and the handle reads back."""
     return np.dtype(
@@ -139,6 +143,9 @@ class TextRunner:
         # The response cache of this version (engine/cache.py), when the model has one: texts
         # that tokenize like a cached one are answered without a run, the others stored.
         self.cache: VersionCache | None = None
+        # Every answered row counted by its winning label (drift), once per batch here on the
+        # inference thread rather than once per request on the event loop.
+        self.predictions: PredictionObserver | None = None
 
     def estimate_lengths(
         self, texts: Sequence[str], pairs: Sequence[str] | None = None
@@ -226,7 +233,8 @@ class TextRunner:
         if self._observer is not None:
             self._observer.on_tokenize(tokenized - started)
         runs: list[RunStats] = []
-        if not keep:  # every text of the batch was refused
+        if not keep:  # every text of the batch was refused (or answered from the cache)
+            self._count_predictions(out, errors)
             return BatchOutput(out, runs, errors)
         lengths = [len(encoded[row].ids) for row in keep]
         # Padded once, sorted by length; each sub-batch is a slice as wide as its longest text.
@@ -247,7 +255,19 @@ class TextRunner:
                         payloads[row].text, encoded[row].ids, int(out["full_tokens"][row]),
                         out["probabilities"][row],
                     )  # fmt: skip
+        self._count_predictions(out, errors)
         return BatchOutput(out, runs, errors)
+
+    def _count_predictions(self, out: np.ndarray, errors: dict[int, Exception] | None) -> None:
+        """Count the batch's answered rows (not those refused or failed) by winning label."""
+        if self.predictions is None:
+            return
+        probabilities = out["probabilities"]
+        if errors:
+            answered = np.ones(len(out), np.bool_)
+            answered[list(errors)] = False
+            probabilities = probabilities[answered]
+        self.predictions.observe(probabilities)
 
     @staticmethod
     def _answer_cached(

@@ -16,21 +16,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from textserve.service.errors import ValidationError
+from textserve.service.http import routes
 from textserve.service.http.errors import error_body, json_error
+from textserve.service.http.messages import JSON, Request, Response, Route
 from textserve.service.metrics import READY_STATES, WARMING
-from textserve.service.servicers.interceptors import TokenSet, bearer_token
+from textserve.service.tokens import TokenSet, bearer_token
 
 if TYPE_CHECKING:
-    from textserve.service.servicers.context import ServingContext
+    from textserve.service.dataplane.context import ServingContext
 
 logger = logging.getLogger(__name__)
 
-JSON = b"application/json"
-TEXT = b"text/plain; charset=utf-8"
 # The deadline header: seconds, like grpc-timeout's meaning (Envoy and KServe clients speak
 # of a request timeout; a number of seconds is what curl users can write).
 TIMEOUT_HEADER = "request-timeout"
@@ -42,64 +41,6 @@ class HttpLimits:
     """What one connection and one request may take of the server (config.HttpConfig)."""
 
     max_body_bytes: int = 4 * 1024 * 1024  # --max-message-bytes, as on gRPC
-
-
-class Request:
-    """One HTTP request as the route handlers and observed() see it: invocation_metadata()
-    and peer() as a grpc context has them, so tracing and the access log work unchanged."""
-
-    __slots__ = ("_peer", "body", "deadline", "headers", "method", "params", "path")
-
-    def __init__(self, scope: dict[str, Any], params: dict[str, str]) -> None:
-        self.method: str = scope["method"]
-        self.path: str = scope["path"]
-        self.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-        client = scope.get("client")
-        # as grpc spells peers, so that access-log lines read the same for both transports
-        if not client:
-            self._peer = ""
-        elif ":" in client[0]:
-            self._peer = f"ipv6:[{client[0]}]:{client[1]}"
-        else:
-            self._peer = f"ipv4:{client[0]}:{client[1]}"
-        self.params = params
-        self.body = b""
-        self.deadline: float | None = None
-
-    def header(self, name: str) -> str | None:
-        for key, value in self.headers:
-            if key == name:
-                return value
-        return None
-
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return self.headers
-
-    def peer(self) -> str:
-        return self._peer
-
-
-@dataclass
-class Response:
-    status: int = 200
-    body: bytes = b""
-    content_type: bytes = JSON
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-
-
-def text(status: int, body: str) -> Response:
-    return Response(status, (body + "\n").encode(), TEXT)
-
-
-Handler = Callable[["HttpApp", Request], Awaitable[Response]]
-
-
-@dataclass(frozen=True)
-class Route:
-    handler: Handler
-    open: bool = False  # answered without a token (the probes)
-    body: bool = False  # reads a request body (POST)
-    inference: bool = False  # refused while draining; off with --http-port off
 
 
 class ClientGone(Exception):
@@ -129,8 +70,6 @@ class HttpApp:
         metrics_page: Callable[[str | None], Awaitable[Response]] | None = None,
         readiness: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
-        from textserve.service.http import routes
-
         self.ctx = ctx
         self.limits = limits
         self.tokens = tokens
@@ -199,9 +138,12 @@ class HttpApp:
         if found is None:
             raise Refused(404, f"no route {scope['path'][:200]!r}; see /openapi.json", "NOT_FOUND")
         methods, params = found
-        route = methods.get(scope["method"])
+        method = scope["method"]
+        # HEAD wherever GET is (RFC 9110 9.3.2): the same status and headers; uvicorn sends
+        # no body for a HEAD request.
+        route = methods.get(method) or (methods.get("GET") if method == "HEAD" else None)
         if route is None:
-            allow = ", ".join(sorted(methods))
+            allow = ", ".join(sorted({*methods, *(["HEAD"] if "GET" in methods else [])}))
             raise Refused(
                 405,
                 f"{scope['method']} is not allowed here; use {allow}",
@@ -323,18 +265,3 @@ async def _send(send: Any, response: Response) -> None:
     ]
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body})
-
-
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; ValidationError (400) naming what is wrong."""
-    import json
-
-    try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValidationError(f"the request body is not valid JSON ({exc})") from None
-    if not isinstance(document, dict):
-        raise ValidationError(
-            f"the request body must be a JSON object, got {type(document).__name__}"
-        )
-    return document

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from textserve.service.servicers.status import code_name, log_unexpected, public_message
+from textserve.service.dataplane.codes import code_name, log_unexpected, public_message
 
 # gRPC code name -> HTTP status, as grpc-gateway and Google's APIs map them; 499 is the
 # client-closed-request status nginx logs (the client went away, nobody reads the answer).

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from textserve.service.servicers.oip import server_version
+from textserve.service.dataplane.oip import server_version
+
+if TYPE_CHECKING:
+    from textserve.service.http.messages import Route
 
 _ERROR = {
     "description": "the taxonomy's error: 400 bad input, 401 no or a wrong token, 404 unknown "
@@ -48,6 +51,7 @@ _SUMMARIES = {
     "/openapi.json": "this document",
     "/v1/classify": "textserve.v1 Classify in JSON",
     "/v2": "KServe v2 server metadata",
+    "/v2/": "KServe v2 server metadata (the same, as clients that join paths write it)",
     "/v2/health/live": "KServe v2 server liveness",
     "/v2/health/ready": "KServe v2 server readiness",
     "/v2/models/stats": "Triton statistics of every ready model",
@@ -90,13 +94,13 @@ def _operation(summary: str, path: str, method: str, open_route: bool) -> dict[s
     return operation
 
 
-@functools.cache
-def document() -> dict[str, Any]:
-    """The OpenAPI document of every route the HTTP port serves."""
-    from textserve.service.http.routes import FIXED, MODEL_ROUTES
-
+def document(
+    fixed: Mapping[str, Mapping[str, Route]], model_routes: Mapping[str, Mapping[str, Route]]
+) -> dict[str, Any]:
+    """The OpenAPI document of the routes the HTTP port serves (routes.py's FIXED and
+    MODEL_ROUTES: paths, and the tails of /v2/models/{model}[/versions/{version}])."""
     paths: dict[str, Any] = {}
-    for path, methods in FIXED.items():
+    for path, methods in fixed.items():
         paths[path] = {
             m.lower(): _operation(_SUMMARIES[path], path, m, r.open) for m, r in methods.items()
         }
@@ -104,7 +108,7 @@ def document() -> dict[str, Any]:
         ("/v2/models/{model}", ["model"]),
         ("/v2/models/{model}/versions/{version}", ["model", "version"]),
     ):
-        for tail, methods in MODEL_ROUTES.items():
+        for tail, methods in model_routes.items():
             item: dict[str, Any] = {"parameters": [_parameter(p) for p in params]}
             for m, r in methods.items():
                 item[m.lower()] = _operation(_MODEL_SUMMARIES[tail], prefix + tail, m, r.open)

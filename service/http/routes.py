@@ -1,40 +1,41 @@
-"""The HTTP routes: the probes, /metrics, KServe v2 REST and POST /v1/classify.
+"""The HTTP routes, an HTTP codec over the data plane: the probes, /metrics, KServe v2 REST and
+POST /v1/classify.
 
-Each handler takes (app, request) and returns a Response; errors are the taxonomy's exceptions,
-answered by app.py with their status. Inference goes through the same prologue (resolve),
-observation (observed) and batcher as gRPC, so a text scores the same on both transports and
-a request counts in the same metrics (methods HttpClassify and HttpInfer).
+Each handler takes (app, request), decodes it, calls the data plane (dataplane.classify,
+dataplane.oip) and encodes its answer as a Response; errors are the taxonomy's exceptions,
+answered by app.py with their status. The operations are the very ones the gRPC servicers call,
+so a text scores the same on both transports and a request counts in the same metrics
+(methods HttpClassify and HttpInfer).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from textserve.oip import grpc_service_pb2 as oip_pb
-from textserve.service.errors import ModelNotFoundError, NotReadyError, ValidationError
-from textserve.service.http.app import (
-    HttpApp,
+from textserve.service.dataplane import oip
+from textserve.service.dataplane.classify import Classification, ClassifyCall, v1_response
+from textserve.service.dataplane.classify import classify as classify_call_op
+from textserve.service.errors import ValidationError
+from textserve.service.http.jsonify import to_json
+from textserve.service.http.messages import (
+    AppView,
     Request,
     Response,
     Route,
     parse_json_object,
     text,
+    unicode_text,
 )
-from textserve.service.http.jsonify import to_json
+from textserve.service.http.openapi import document
 from textserve.service.http.tensors import HEADER_LENGTH, parse_infer, render_infer
 from textserve.service.metrics import SERVING
-from textserve.service.servicers.classifier import build_response
-from textserve.service.servicers.oip import EXTENSIONS, server_version
-from textserve.service.servicers.oip_codec import INPUT_NAME, decode_request, encode_response
-from textserve.service.servicers.oip_describe import model_config, model_metadata, model_statistics
-from textserve.service.servicers.resolve import pairs_of, resolve, threshold_of, truncation
-from textserve.service.servicers.status import observed
-from textserve.v1 import classifier_pb2 as pb
 
 if TYPE_CHECKING:
     from textserve.service.engine.handle import ModelHandle
@@ -50,12 +51,12 @@ def _json(document: Any, status: int = 200) -> Response:
 # -- probes and metrics ---------------------------------------------------------------------------
 
 
-async def healthz(app: HttpApp, request: Request) -> Response:
+async def healthz(app: AppView, request: Request) -> Response:
     """Live: 200 while the process serves HTTP, draining included."""
     return text(200, "ok")
 
 
-async def readyz(app: HttpApp, request: Request) -> Response:
+async def readyz(app: AppView, request: Request) -> Response:
     """Ready: 200 only while SERVING (the same state as grpc.health.v1); 503 with the state."""
     state = await app.readiness_of()
     return text(200 if state == SERVING else 503, state)
@@ -71,121 +72,86 @@ def local_metrics(registry: CollectorRegistry) -> Callable[[str | None], Awaitab
     return page
 
 
-async def metrics(app: HttpApp, request: Request) -> Response:
+async def metrics(app: AppView, request: Request) -> Response:
     return await app.metrics_page(request.header("accept"))
 
 
 # -- KServe v2: server and model metadata ---------------------------------------------------------
 
 
-async def server_metadata(app: HttpApp, request: Request) -> Response:
-    extensions = [*EXTENSIONS, "binary_tensor_data"]
-    return _json({"name": "textserve", "version": server_version(), "extensions": extensions})
+async def server_metadata(app: AppView, request: Request) -> Response:
+    document = to_json(oip.server_metadata())
+    document["extensions"] = [*document["extensions"], "binary_tensor_data"]
+    return _json(document)
 
 
-async def server_live(app: HttpApp, request: Request) -> Response:
+async def server_live(app: AppView, request: Request) -> Response:
     return _json({"live": True})
 
 
-def _all_ready(app: HttpApp) -> bool:
-    names = list(app.ctx.repository.models)
-    return bool(names) and all(_ready(app, n, "") for n in names)
-
-
-async def server_ready(app: HttpApp, request: Request) -> Response:
+async def server_ready(app: AppView, request: Request) -> Response:
     """Ready when every model has a version that can take requests (as Triton answers) and the
     server is not draining; 503 otherwise, which probes and tritonclient read as not ready."""
-    ready = not app.draining and _all_ready(app)
+    ready = not app.draining and oip.server_ready(app.ctx)
     return _json({"ready": ready}, 200 if ready else 503)
 
 
-def _handle(app: HttpApp, request: Request) -> ModelHandle:
-    return resolve(app.ctx.repository, request.params["model"], request.params.get("version", ""))
-
-
-def _ready(app: HttpApp, model: str, version: str) -> bool:
-    try:
-        resolve(app.ctx.repository, model, version)
-    except (ModelNotFoundError, NotReadyError):
-        return False
-    return True
-
-
-async def model_ready(app: HttpApp, request: Request) -> Response:
+async def model_ready(app: AppView, request: Request) -> Response:
     params = request.params
-    ready = _ready(app, params["model"], params.get("version", ""))
+    ready = oip.model_ready(app.ctx, params["model"], params.get("version", ""))
     return _json({"name": params["model"], "ready": ready}, 200 if ready else 503)
 
 
-async def model_metadata_route(app: HttpApp, request: Request) -> Response:
-    handle = _handle(app, request)
-    record = app.ctx.repository.models.get(handle.name)
-    versions = [] if record is None else [v.version for v in record.ready()]
-    return _json(to_json(model_metadata(handle, versions)))
+async def model_metadata_route(app: AppView, request: Request) -> Response:
+    params = request.params
+    return _json(to_json(oip.metadata_of(app.ctx, params["model"], params.get("version", ""))))
 
 
-async def model_config_route(app: HttpApp, request: Request) -> Response:
-    handle = _handle(app, request)
-    config = app.ctx.config
-    response = model_config(
-        handle,
-        max_batch_size=config.max_texts_per_request,
-        batcher_max_batch_size=config.batcher.max_batch_size,
-        max_queue_delay=config.batcher.max_queue_delay,
-    )
+async def model_config_route(app: AppView, request: Request) -> Response:
+    params = request.params
+    response = oip.model_config_of(app.ctx, params["model"], params.get("version", ""))
     return _json(to_json(response.config))
 
 
-async def model_stats(app: HttpApp, request: Request) -> Response:
-    if "model" in request.params:
-        handles = [_handle(app, request)]
-    else:
-        repository = app.ctx.repository
-        handles = [resolve(repository, n, "") for n in repository.models if _ready(app, n, "")]
-    stats = oip_pb.ModelStatisticsResponse(
-        model_stats=[model_statistics(app.ctx.metrics, h.name, str(h.version)) for h in handles]
-    )
+async def model_stats(app: AppView, request: Request) -> Response:
+    params = request.params
+    stats = oip.statistics_of(app.ctx, params.get("model", ""), params.get("version", ""))
     return _json(to_json(stats))
 
 
 # -- inference ------------------------------------------------------------------------------------
 
 
-async def infer(app: HttpApp, request: Request) -> Response:
+def _content_length(header: str | None) -> int | None:
+    """Inference-Header-Content-Length as a number of bytes: ASCII digits only (str.isdigit
+    also takes '²', which int() then refuses: a 500 before this check)."""
+    if header is None:
+        return None
+    if not (header.isascii() and header.isdigit()):
+        raise ValidationError(f"{HEADER_LENGTH} must be a number: {header[:40]!r}")
+    return int(header)
+
+
+async def infer(app: AppView, request: Request) -> Response:
     """POST /v2/models/{m}[/versions/{v}]/infer: JSON tensors, or Triton's binary extension."""
-    ctx = app.ctx
     params = request.params
-    with observed(
-        ctx.metrics, INFER, request.deadline, params["model"], context=request,
-        telemetry=ctx.telemetry,
-    ) as seen:  # fmt: skip
-        handle = _handle(app, request)  # NOT_FOUND wins over a bad tensor, as on gRPC
-        seen.model = handle.name
-        header = request.header(HEADER_LENGTH)
-        if header is not None and not header.isdigit():
-            raise ValidationError(f"Inference-Header-Content-Length must be a number: {header!r}")
-        message, binary = parse_infer(
-            request.body, None if header is None else int(header), handle.name, str(handle.version)
-        )
-        decoded = decode_request(message)
-        seen.reached(handle.name, handle.version, decoded.texts)
-        try:
-            seen.result = result = await handle.classify(
-                decoded.texts,
-                pairs=decoded.pairs,
-                truncate=truncation(decoded.truncate),
-                deadline=request.deadline,
-                trace=seen.trace,
-            )
-        except ValidationError as exc:
-            raise ValidationError(f"input tensor {INPUT_NAME!r}: {exc}") from None
-        response = encode_response(
-            decoded,
-            result.probabilities,
-            handle.labels,
-            model_name=handle.name,
-            model_version=str(handle.version),
-        )
+    binary: dict[str, bool] = {}  # which outputs the caller wants as binary (parse_infer's)
+
+    def parse(handle: ModelHandle) -> Any:
+        nonlocal binary
+        length = _content_length(request.header(HEADER_LENGTH))
+        message, binary = parse_infer(request.body, length, handle.name, str(handle.version))
+        return message
+
+    response = await oip.infer(
+        app.ctx,
+        params["model"],
+        params.get("version", ""),
+        parse,
+        method=INFER,
+        deadline=request.deadline,
+        context=request,
+    )
     body, header_length = render_infer(response, binary)
     headers = []
     if header_length != len(body):
@@ -205,9 +171,10 @@ def _typed(document: dict[str, Any], name: str, kind: type, default: Any) -> Any
     return value
 
 
-def classify_request(document: dict[str, Any]) -> pb.ClassifyRequest:
-    """A /v1/classify body as the textserve.v1 ClassifyRequest it mirrors. Also takes the shape
-    Hugging Face clients send: {"inputs": "text" | [...], "parameters": {"top_k": 3}}."""
+def classify_call(document: dict[str, Any]) -> ClassifyCall:
+    """A /v1/classify body as the data plane's call (the fields of textserve.v1's
+    ClassifyRequest, snake_case). Also takes the shape Hugging Face clients send:
+    {"inputs": "text" | [...], "parameters": {"top_k": 3}}."""
     texts = document.get("texts")
     options = document
     if texts is None and "inputs" in document:
@@ -216,56 +183,63 @@ def classify_request(document: dict[str, Any]) -> pb.ClassifyRequest:
         options = {**document, **_typed(document, "parameters", dict, {})}
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise ValidationError("`texts` must be a list of strings")
-    request = pb.ClassifyRequest(
-        texts=texts,
-        id=_typed(options, "id", str, ""),
-        model=_typed(options, "model", str, ""),
-        version=_typed(options, "version", int, 0),
-        top_k=min(_typed(options, "top_k", int, 0), 2**31 - 1),
-        all_scores=_typed(options, "all_scores", bool, False),
-    )
-    truncate = _typed(options, "truncate", bool, None)
-    if truncate is not None:
-        request.truncate = truncate
+    for index, one in enumerate(texts):
+        unicode_text(one, f"texts[{index}]")
     pairs = options.get("text_pairs")
     if pairs is not None:
         if not isinstance(pairs, list) or not all(isinstance(t, str) for t in pairs):
             raise ValidationError("`text_pairs` must be a list of strings")
-        request.text_pairs.extend(pairs)
+        for index, one in enumerate(pairs):
+            unicode_text(one, f"text_pairs[{index}]")
+        pairs = pairs or None  # an empty list: single texts, as textserve.v1 reads it
     threshold = options.get("threshold")
     if threshold is not None:
         if type(threshold) not in (int, float):
             raise ValidationError(f"`threshold` must be a number, got {type(threshold).__name__}")
-        request.threshold = threshold
-    return request
+        threshold = _float32(float(threshold))
+    return ClassifyCall(
+        texts,
+        pairs,
+        model=unicode_text(_typed(options, "model", str, ""), "`model`"),
+        version=_typed(options, "version", int, 0),
+        truncate=_typed(options, "truncate", bool, None),
+        threshold=threshold,
+        top_k=min(_typed(options, "top_k", int, 0), 2**31 - 1),
+        all_scores=_typed(options, "all_scores", bool, False),
+        id=unicode_text(_typed(options, "id", str, ""), "`id`"),
+    )
 
 
-async def classify(app: HttpApp, request: Request) -> Response:
+def _float32(value: float) -> float:
+    """`value` as textserve.v1's float field holds it (what gRPC callers' thresholds are)."""
+    with np.errstate(over="ignore"):  # past float32's range: infinite, refused as out of range
+        return float(np.float32(value)) if math.isfinite(value) else value
+
+
+def _v1_json(answer: Classification) -> Response:
+    return _json(to_json(v1_response(answer)))
+
+
+async def classify(app: AppView, request: Request) -> Response:
     """POST /v1/classify: textserve.v1 Classify in JSON (the same fields, snake_case)."""
-    ctx = app.ctx
-    with observed(
-        ctx.metrics, CLASSIFY, request.deadline, context=request, telemetry=ctx.telemetry
-    ) as seen:
-        message = classify_request(parse_json_object(request.body))
-        handle = resolve(ctx.repository, message.model, message.version)
-        seen.reached(handle.name, handle.version, message.texts)
-        truncate = truncation(message.truncate if message.HasField("truncate") else None)
-        threshold_of(message, handle)  # a bad threshold costs no inference
-        seen.result = result = await handle.classify(
-            message.texts,
-            pairs=pairs_of(message),
-            truncate=truncate,
-            deadline=request.deadline,
-            trace=seen.trace,
-        )
-        response = build_response(message, handle, result)
-    return _json(to_json(response))
+    return await classify_call_op(
+        app.ctx,
+        classify_call(parse_json_object(request.body)),
+        _v1_json,
+        method=CLASSIFY,
+        deadline=request.deadline,
+        context=request,
+    )
 
 
-async def openapi(app: HttpApp, request: Request) -> Response:
-    from textserve.service.http.openapi import document
+async def openapi(app: AppView, request: Request) -> Response:
+    global _OPENAPI
+    if _OPENAPI is None:  # built once: the routes are fixed
+        _OPENAPI = _json(document(FIXED, MODEL_ROUTES)).body
+    return Response(200, _OPENAPI)
 
-    return _json(document())
+
+_OPENAPI: bytes | None = None
 
 
 # -- the route table ------------------------------------------------------------------------------
@@ -278,6 +252,7 @@ FIXED: dict[str, Methods] = {
     "/metrics": {"GET": Route(metrics)},
     "/openapi.json": {"GET": Route(openapi)},
     "/v2": {"GET": Route(server_metadata)},
+    "/v2/": {"GET": Route(server_metadata)},
     "/v2/health/live": {"GET": Route(server_live, open=True)},
     "/v2/health/ready": {"GET": Route(server_ready, open=True)},
     "/v2/models/stats": {"GET": Route(model_stats)},

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from textserve.connect import read_tokens
-from textserve.service.http.app import TEXT, HttpApp, HttpLimits, Response
+from textserve.service.http.app import HttpApp, HttpLimits
+from textserve.service.http.messages import TEXT, Response
 from textserve.service.http.server import Bounds, HttpServer
-from textserve.service.servicers.interceptors import TokenSet
+from textserve.service.tokens import TokenSet
 
 if TYPE_CHECKING:
-    from textserve.service.servicers.context import ServingContext
+    from textserve.service.dataplane.context import ServingContext
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """KServe v2 REST inference bodies <-> the Open Inference Protocol's protobuf messages; pure.
 
 An HTTP infer request becomes the `ModelInferRequest` the gRPC front end takes, so that every
-check of `servicers/oip_codec.py` (tensor names, shapes, datatypes, UTF-8, the `truncate`
+check of `dataplane/oip_codec.py` (tensor names, shapes, datatypes, UTF-8, the `truncate`
 parameter) holds for both transports with the same messages:
 
     request = parse_infer(body, header_length, model, version)   # ValidationError if bad
@@ -24,9 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from textserve.artifact import shown
 from textserve.oip import grpc_service_pb2 as pb
+from textserve.service.dataplane.oip_codec import pack_bytes
 from textserve.service.errors import ValidationError
-from textserve.service.servicers.oip_codec import pack_bytes
+from textserve.service.http.messages import load_json, unicode_text
 
 HEADER_LENGTH = "inference-header-content-length"
 _MAX_SHAPE_RANK = 8
@@ -55,7 +57,7 @@ def _shape(tensor: dict[str, Any], name: str) -> list[int]:
         or not all(type(d) is int and 0 <= d < 2**63 for d in shape)
     ):
         raise ValidationError(
-            f"input tensor {name!r}: shape must be a list of non-negative integers, got "
+            f"input tensor {name}: shape must be a list of non-negative integers, got "
             f"{json.dumps(shape)[:100]}"
         )
     return shape
@@ -65,19 +67,20 @@ def _parameters(request: Any, source: dict[str, Any], what: str) -> dict[str, An
     """Copy a JSON `parameters` object into a protobuf parameters map (bool, int, string)."""
     params = _object(source.get("parameters", {}), f"{what} parameters")
     for key, value in params.items():
+        unicode_text(key, f"{what} parameter name {shown(key)}")
         if isinstance(value, bool):
             request.parameters[key].bool_param = value
         elif isinstance(value, int):
             if not -(2**63) <= value < 2**63:
-                raise ValidationError(f"{what} parameter {key!r} is out of the int64 range")
+                raise ValidationError(f"{what} parameter {shown(key)} is out of the int64 range")
             request.parameters[key].int64_param = value
         elif isinstance(value, str):
-            request.parameters[key].string_param = value
+            request.parameters[key].string_param = unicode_text(value, f"{what} parameter")
         elif isinstance(value, float):
             request.parameters[key].double_param = value
         else:
             raise ValidationError(
-                f"{what} parameter {key!r} must be a bool, number or string, got "
+                f"{what} parameter {shown(key)} must be a bool, number or string, got "
                 f"{type(value).__name__}"
             )
     return params
@@ -87,37 +90,43 @@ def _add_input(
     request: pb.ModelInferRequest, tensor: dict[str, Any], binary: memoryview, offset: int
 ) -> int:
     """Add one JSON input tensor to `request`; returns the offset past its binary data."""
-    name = tensor.get("name")
-    if not isinstance(name, str):
+    raw_name = tensor.get("name")
+    if not isinstance(raw_name, str):
         raise ValidationError("every input tensor needs a `name` (a string)")
+    name = shown(raw_name)  # in messages: a name is the client's text, quoted shortened
+    unicode_text(raw_name, f"input tensor name {name}")
     datatype = tensor.get("datatype")
     if not isinstance(datatype, str):
-        raise ValidationError(f"input tensor {name!r}: `datatype` must be a string")
+        raise ValidationError(f"input tensor {name}: `datatype` must be a string")
     shape = _shape(tensor, name)
-    item = request.inputs.add(name=name, datatype=datatype, shape=shape)
-    params = _parameters(item, tensor, f"input tensor {name!r}")
+    item = request.inputs.add(
+        name=raw_name, datatype=unicode_text(datatype, "a datatype"), shape=shape
+    )
+    params = _parameters(item, tensor, f"input tensor {name}")
     size = params.pop("binary_data_size", None)
     item.parameters.pop("binary_data_size", None)
     if size is not None:
         if type(size) is not int or size < 0 or offset + size > len(binary):
             raise ValidationError(
-                f"input tensor {name!r}: binary_data_size {size!r} does not fit the "
+                f"input tensor {name}: binary_data_size {size!r} does not fit the "
                 f"{len(binary) - offset} byte(s) of binary data left in the body"
             )
         if "data" in tensor:
             raise ValidationError(
-                f"input tensor {name!r}: give its data either in `data` or as binary, not both"
+                f"input tensor {name}: give its data either in `data` or as binary, not both"
             )
         request.raw_input_contents.append(bytes(binary[offset : offset + size]))
         return offset + size
     data = tensor.get("data")
     if data is None:
-        raise ValidationError(f"input tensor {name!r} has no `data`")
+        raise ValidationError(f"input tensor {name} has no `data`")
     elements: list[Any] = []
     _flatten(data, elements)
     if datatype == "BYTES":
         if not all(isinstance(e, str) for e in elements):
-            raise ValidationError(f"input tensor {name!r}: BYTES data must be strings")
+            raise ValidationError(f"input tensor {name}: BYTES data must be strings")
+        # (lone surrogates pass as their bytes: decode_request names the element that is not
+        # UTF-8, as it does for a gRPC request's bytes)
         item.contents.bytes_contents.extend(e.encode("utf-8", "surrogatepass") for e in elements)
     # Other datatypes are no tensor this model takes: decode_request names the problem.
     return offset
@@ -135,16 +144,12 @@ def parse_infer(
             f"Inference-Header-Content-Length {header_length} is larger than the body "
             f"({len(body)} bytes)"
         )
-    try:
-        document = json.loads(body[:header_length])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValidationError(f"the request body is not valid JSON ({exc})") from None
-    document = _object(document, "the request body")
+    document = _object(load_json(body[:header_length]), "the request body")
     request = pb.ModelInferRequest(model_name=model, model_version=version)
     request_id = document.get("id", "")
     if not isinstance(request_id, str):
         raise ValidationError("`id` must be a string")
-    request.id = request_id
+    request.id = unicode_text(request_id, "`id`")
     params = _parameters(request, document, "request")
     binary_default = params.pop("binary_data_output", False) is True
     request.parameters.pop("binary_data_output", None)
@@ -167,8 +172,8 @@ def parse_infer(
         name = output.get("name")
         if not isinstance(name, str):
             raise ValidationError("every requested output needs a `name` (a string)")
-        request.outputs.add(name=name)
-        out_params = _object(output.get("parameters", {}), f"output {name!r} parameters")
+        request.outputs.add(name=unicode_text(name, f"output {shown(name)}"))
+        out_params = _object(output.get("parameters", {}), f"output {name} parameters")
         wanted[name] = bool(out_params.get("binary_data", binary_default))
     return request, wanted
 
@@ -177,7 +182,7 @@ def _output_values(output: pb.ModelInferResponse.InferOutputTensor, raw: bytes |
     """One output's elements as JSON values (from typed contents or raw bytes)."""
     if output.datatype == "BYTES":
         if raw is not None:
-            from textserve.service.servicers.oip_codec import unpack_bytes
+            from textserve.service.dataplane.oip_codec import unpack_bytes
 
             items: Sequence[bytes] = unpack_bytes(raw, math.prod(output.shape), output.name)
         else:

@@ -536,10 +536,10 @@ class ModelRepository:
                     f"{record.describe()}"
                 )
             return entry.handle
-        ready = record.ready()
-        if not ready or ready[0].handle is None:
+        newest = record.newest_ready()
+        if newest is None or newest.handle is None:
             raise NotReadyError(f"model {name!r} has no ready version; {record.describe()}")
-        return ready[0].handle
+        return newest.handle
 
     def names(self) -> list[str]:
         """Models with at least one READY version, sorted."""

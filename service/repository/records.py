@@ -118,6 +118,14 @@ class ModelRecord:
             reverse=True,
         )
 
+    def newest_ready(self) -> VersionRecord | None:
+        """The newest READY version (the request path's: one pass, no sort), or None."""
+        newest = None
+        for v in self.versions.values():
+            if v.state is State.READY and (newest is None or v.version > newest.version):
+                newest = v
+        return newest
+
     def describe(self) -> str:
         parts = [
             f"{v.version} ({v.state.value})"

@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from textserve.artifact import shown
+from textserve.service.dataplane.prologue import model_name
 from textserve.service.errors import ValidationError
 from textserve.service.repository.core import ModelRepository, ReloadEvent
 from textserve.service.servicers.convert import model_summary
-from textserve.service.servicers.status import grpc_errors, model_name
+from textserve.service.servicers.status import grpc_errors
 from textserve.service.workers.protocol import AdminAction, AdminChange
 from textserve.v1 import admin_pb2 as pb
 from textserve.v1 import admin_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from textserve.service.servicers.context import ServingContext
+    from textserve.service.dataplane.context import ServingContext
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
-"""The textserve.v1.Classifier servicer: protobuf in, the core API (ModelHandle), protobuf out.
+"""The textserve.v1.Classifier servicer, a gRPC codec over the data plane: decode the request
+into a ClassifyCall, call dataplane.classify, send its v1_response.
 
-No tensors beyond reading the probabilities, no status codes built inline: errors are the
-taxonomy of service/errors.py, mapped by its decorators (unary) or into a response's `error`
-(ClassifyStream, servicers/stream.py, where one bad request must not end the stream).
+No tensors, no status codes built inline: errors are the taxonomy of service/errors.py, mapped
+by its decorators (unary) or into a response's `error` (ClassifyStream, servicers/stream.py,
+where one bad request must not end the stream).
 """
 
 from __future__ import annotations
@@ -12,72 +13,37 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
-import numpy as np
 
+from textserve.service.dataplane.classify import ClassifyCall, classify, v1_response
+from textserve.service.dataplane.prologue import resolve
 from textserve.service.servicers.convert import model_summary, version_statuses
-from textserve.service.servicers.resolve import pairs_of, resolve, threshold_of, truncation
-from textserve.service.servicers.status import deadline_of, grpc_errors, observed
+from textserve.service.servicers.status import deadline_of, grpc_errors
 from textserve.service.servicers.stream import ClassifyStreamCall
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from textserve.service.engine.handle import ClassifyResult, ModelHandle
-    from textserve.service.metrics import Metrics
-    from textserve.service.repository.core import ModelRepository
-    from textserve.service.servicers.context import ServingContext, Telemetry
+    from textserve.service.dataplane.context import ServingContext
+    from textserve.service.engine.handle import ModelHandle
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Classifier"].full_name
 
 
-def build_response(
-    request: pb.ClassifyRequest, handle: ModelHandle, result: ClassifyResult
-) -> pb.ClassifyResponse:
-    probs = result.probabilities
-    labels = handle.labels
-    threshold = threshold_of(request, handle)
-    # multi-label: per text, the labels whose own score reaches the threshold (label order)
-    passing = None if threshold is None else (probs >= threshold).tolist()
-    # Python lists up front: indexing numpy arrays element by element costs more than the rest.
-    best = probs.argmax(axis=1).tolist()
-    best_scores = probs.max(axis=1).tolist()
-    num_tokens = result.num_tokens.tolist()
-    truncated = result.truncated.tolist()
-    cached = None if result.cached is None else result.cached.tolist()
-    top_k = min(int(request.top_k), len(labels))
-    order = np.argsort(-probs, axis=1, kind="stable")[:, :top_k].tolist() if top_k else None
-    rows = probs.tolist() if order is not None or request.all_scores else None
-    # Built in place (results.add, timing fields): constructor arguments would be copied.
-    response = pb.ClassifyResponse(id=request.id, model=handle.name, model_version=handle.version)
-    add = response.results.add
-    for i in range(len(best)):
-        text = add(
-            label=labels[best[i]],
-            score=best_scores[i],
-            num_tokens=num_tokens[i],
-            truncated=truncated[i],
-        )
-        if cached is not None and cached[i]:
-            text.cached = True
-        if passing is not None:
-            text.labels_over_threshold.extend(
-                label for label, on in zip(labels, passing[i], strict=True) if on
-            )
-        if rows is not None:
-            if order is not None:
-                text.top.extend(pb.LabelScore(label=labels[j], score=rows[i][j]) for j in order[i])
-            if request.all_scores:
-                text.scores.extend(rows[i])
-    if request.all_scores:
-        response.labels.extend(labels)
-    timings, timing = result.timings, response.timing
-    timing.queue_seconds = timings.queue_seconds
-    timing.tokenize_seconds = timings.tokenize_seconds
-    timing.inference_seconds = timings.inference_seconds
-    timing.total_seconds = timings.total_seconds
-    return response
+def call_of(request: pb.ClassifyRequest) -> ClassifyCall:
+    """The data plane's call of a textserve.v1 request (unary, or one of a stream's)."""
+    return ClassifyCall(
+        request.texts,
+        list(request.text_pairs) if request.text_pairs else None,
+        request.model,
+        request.version,
+        request.truncate if request.HasField("truncate") else None,
+        request.threshold if request.HasField("threshold") else None,
+        request.top_k,
+        request.all_scores,
+        request.id,
+    )
 
 
 def model_contract(handle: ModelHandle) -> dict[str, Any]:
@@ -95,56 +61,29 @@ def model_contract(handle: ModelHandle) -> dict[str, Any]:
 
 
 class ClassifierServicer(pb_grpc.ClassifierServicer):
-    def __init__(
-        self,
-        repository: ModelRepository,
-        metrics: Metrics | None,
-        *,
-        stream_max_inflight: int = 32,  # ServerConfig.stream_max_inflight
-        telemetry: Telemetry | None = None,  # tracing and the access log, when on
-    ) -> None:
-        self._repository = repository
-        self._telemetry = telemetry
-        self._metrics = metrics
-        self._stream_max_inflight = stream_max_inflight
+    """textserve.v1 over the data plane: decode (call_of), call, encode (v1_response)."""
 
-    async def _classify(
-        self, request: pb.ClassifyRequest, deadline: float | None, method: str, context: Any
-    ) -> pb.ClassifyResponse:
-        with observed(
-            self._metrics, method, deadline, context=context, telemetry=self._telemetry
-        ) as seen:
-            handle = resolve(self._repository, request.model, request.version)
-            seen.reached(handle.name, handle.version, request.texts)
-            truncate = truncation(request.truncate if request.HasField("truncate") else None)
-            threshold_of(request, handle)  # a bad threshold costs no inference
-            seen.result = result = await handle.classify(
-                request.texts,
-                pairs=pairs_of(request),
-                truncate=truncate,
-                deadline=deadline,
-                trace=seen.trace,
-            )
-            return build_response(request, handle, result)
+    def __init__(self, ctx: ServingContext) -> None:
+        self._ctx = ctx
+        self._repository = ctx.repository
 
     @grpc_errors
     async def Classify(self, request: pb.ClassifyRequest, context: Any) -> pb.ClassifyResponse:
-        return await self._classify(request, deadline_of(context), "Classify", context)
+        return await classify(
+            self._ctx,
+            call_of(request),
+            v1_response,
+            method="Classify",
+            deadline=deadline_of(context),
+            context=context,
+        )
 
     @grpc_errors
     async def ClassifyStream(
         self, request_iterator: AsyncIterator[pb.ClassifyRequest], context: Any
     ) -> None:
         """Answer each request of the stream as it completes (servicers/stream.py)."""
-        await ClassifyStreamCall(
-            self._repository,
-            self._metrics,
-            self._telemetry,
-            build_response,
-            self._stream_max_inflight,
-            request_iterator,
-            context,
-        ).run()
+        await ClassifyStreamCall(self._ctx, call_of, request_iterator, context).run()
 
     @grpc_errors
     async def ListModels(
@@ -197,13 +136,5 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
 
 def register(server: grpc.aio.Server, ctx: ServingContext) -> list[str]:
     """Add the Classifier service to `server`; returns its full name for health and reflection."""
-    pb_grpc.add_ClassifierServicer_to_server(
-        ClassifierServicer(
-            ctx.repository,
-            ctx.metrics,
-            stream_max_inflight=ctx.config.stream_max_inflight,
-            telemetry=ctx.telemetry,
-        ),
-        server,
-    )
+    pb_grpc.add_ClassifierServicer_to_server(ClassifierServicer(ctx), server)
     return [SERVICE_NAME]

@@ -1,40 +1,12 @@
-"""What a front end gets to build its servicer, and the shape of its `register` function."""
+"""The shape of a gRPC front end's `register` function (the serving context is the data plane's)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import grpc
 
-from textserve.service.access_log import AccessLog
-from textserve.service.config import ServerConfig
-from textserve.service.metrics import Metrics
-from textserve.service.repository.core import ModelRepository
-from textserve.service.tracing import Tracing
-from textserve.service.workers.protocol import RelayChange
-
-
-@dataclass
-class Telemetry:
-    """What observed() reports a request to besides the metrics: each None when off."""
-
-    tracing: Tracing | None = None  # --otlp-endpoint
-    access_log: AccessLog | None = None  # --access-log json
-
-
-@dataclass
-class ServingContext:
-    """What a front end gets to build its servicer: one repository and one metrics for all."""
-
-    config: ServerConfig
-    repository: ModelRepository
-    metrics: Metrics
-    telemetry: Telemetry = field(default_factory=Telemetry)
-    # --workers: applies an admin change on every other worker and returns when they all have
-    # (textserve.service.workers.protocol.Coordinator.relay); None in a single process
-    relay: RelayChange | None = None
-
+from textserve.service.dataplane.context import ServingContext
 
 # register(server, ctx) -> the full names of the services it added (for health and reflection)
 Register = Callable[[grpc.aio.Server, ServingContext], Sequence[str]]

@@ -26,39 +26,42 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from textserve.service.servicers.resolve import pairs_of, resolve, threshold_of, truncation
-from textserve.service.servicers.status import (
-    Observation,
-    deadline_of,
-    grpc_code,
-    log_unexpected,
-    public_message,
+from textserve.service.dataplane.classify import (
+    Classification,
+    ClassifyCall,
+    Prepared,
+    prologue,
+    v1_response,
 )
+from textserve.service.dataplane.codes import log_unexpected, public_message
+from textserve.service.dataplane.observe import Observation
+from textserve.service.servicers.status import deadline_of, grpc_code
 from textserve.v1 import classifier_pb2 as pb
 
 if TYPE_CHECKING:
-    from textserve.service.engine.handle import ClassifyResult, ModelHandle
-    from textserve.service.metrics import Metrics
-    from textserve.service.repository.core import ModelRepository
-    from textserve.service.servicers.context import Telemetry
+    from textserve.service.dataplane.context import ServingContext
+    from textserve.service.engine.handle import ClassifyResult
 
 logger = logging.getLogger(__name__)
 
 METHOD = "ClassifyStream"  # the `method` label of the metrics
 
-# build(request, handle, result) -> the response to one request (classifier.build_response)
-Build = Callable[[pb.ClassifyRequest, "ModelHandle", "ClassifyResult"], pb.ClassifyResponse]
+# decode(request) -> the data plane's call (classifier.call_of)
+Decode = Callable[[pb.ClassifyRequest], ClassifyCall]
 
 
 class _Message:
     """One request of the stream on its way: what its answer is built and counted with."""
 
-    __slots__ = ("future", "handle", "observation", "request")
+    __slots__ = ("call", "future", "observation", "prepared", "request")
 
-    def __init__(self, request: pb.ClassifyRequest, observation: Observation) -> None:
+    def __init__(
+        self, request: pb.ClassifyRequest, call: ClassifyCall, observation: Observation
+    ) -> None:
         self.request = request
+        self.call = call
         self.observation = observation
-        self.handle: ModelHandle | None = None
+        self.prepared: Prepared | None = None
         self.future: asyncio.Future[None] | None = None  # None until it is in the batcher
 
 
@@ -68,18 +71,14 @@ class ClassifyStreamCall:
 
     def __init__(
         self,
-        repository: ModelRepository,
-        metrics: Metrics | None,
-        telemetry: Telemetry | None,
-        build: Build,
-        max_inflight: int,
+        ctx: ServingContext,
+        decode: Decode,
         requests: AsyncIterator[pb.ClassifyRequest],
         context: Any,
     ) -> None:
-        self._repository = repository
-        self._metrics = metrics
-        self._telemetry = telemetry
-        self._build = build
+        self._ctx = ctx
+        self._decode = decode
+        max_inflight = ctx.config.stream_max_inflight
         self._requests = requests
         self._context = context
         self._deadline = deadline_of(context)
@@ -130,28 +129,26 @@ class ClassifyStreamCall:
     def _start(self, request: pb.ClassifyRequest) -> None:
         """Validate `request` and queue its texts; its answer (or error) comes through
         `_answered`, counted in the metrics like a unary call's."""
-        message = _Message(
-            request,
-            Observation(
-                self._metrics, METHOD, self._deadline, context=self._context,
-                telemetry=self._telemetry,
-            ),
-        )  # fmt: skip
-        seen = message.observation.seen
+        ctx = self._ctx
+        observation = Observation(
+            ctx.metrics, METHOD, self._deadline, context=self._context, telemetry=ctx.telemetry
+        )
+        seen = observation.seen
         try:
-            message.handle = handle = resolve(self._repository, request.model, request.version)
-            seen.reached(handle.name, handle.version, request.texts)
-            threshold_of(request, handle)  # a bad threshold costs no inference
-            message.future = handle.classify_nowait(
-                request.texts,
+            message = _Message(request, self._decode(request), observation)
+            call = message.call
+            message.prepared = prepared = prologue(ctx, call, seen)
+            message.future = prepared.handle.classify_nowait(
+                call.texts,
                 functools.partial(self._done, message),
-                pairs=pairs_of(request),
-                truncate=truncation(request.truncate if request.HasField("truncate") else None),
+                pairs=call.pairs,
+                truncate=prepared.truncate,
                 deadline=self._deadline,
                 trace=seen.trace,
             )
         except Exception as exc:
-            self._failed(message, exc)
+            observation.finish(exc)
+            self._answered(_error_response(request, exc))
             return
         self._pending.add(message.future)
 
@@ -165,9 +162,12 @@ class ClassifyStreamCall:
             assert exc is not None
             self._failed(message, exc)
             return
-        assert message.handle is not None  # a result comes only from the batcher
+        prepared = message.prepared
+        assert prepared is not None  # a result comes only from the batcher
         try:
-            response = self._build(message.request, message.handle, result)
+            response = v1_response(
+                Classification(message.call, prepared.handle, result, prepared.threshold)
+            )
         except Exception as error:
             self._failed(message, error)
             return

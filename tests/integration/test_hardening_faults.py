@@ -35,7 +35,7 @@ from textserve.bench.process import spawn
 from textserve.oip import grpc_service_pb2 as ipb
 from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
 from textserve.service.config import BatcherConfig
-from textserve.service.servicers.oip_codec import pack_bytes
+from textserve.service.dataplane.oip_codec import pack_bytes
 from textserve.tokenization import Tokenization
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc

@@ -34,7 +34,7 @@ from tests.hostile import (
 from tests.serving import RunningServer, running_server
 from textserve.oip import grpc_service_pb2 as ipb
 from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
-from textserve.service.servicers.oip_codec import OUTPUT_NAMES, pack_bytes
+from textserve.service.dataplane.oip_codec import OUTPUT_NAMES, pack_bytes
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from tests.serving import running_server, serve_subprocess
 from textserve.oip import grpc_service_pb2 as ipb
 from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
 from textserve.service.config import BatcherConfig
-from textserve.service.servicers.oip_codec import pack_bytes
+from textserve.service.dataplane.oip_codec import pack_bytes
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
@@ -192,6 +192,10 @@ def test_a_full_queue_refuses_before_any_tokenizing(tiny_repository: Path) -> No
             def encode_batch(self, texts: list[str]) -> Any:
                 seen.append(len(texts))
                 return real.encode_batch(texts)
+
+            def encode_batch_fast(self, texts: list[str]) -> Any:  # what serving calls
+                seen.append(len(texts))
+                return real.encode_batch_fast(texts)
 
             def __getattr__(self, name: str) -> Any:
                 return getattr(real, name)

@@ -14,7 +14,7 @@ from tests.handmade import make_version
 from tests.serving import RunningServer, running_server
 from textserve.oip import grpc_service_pb2 as ipb
 from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
-from textserve.service.servicers.oip_codec import pack_bytes
+from textserve.service.dataplane.oip_codec import pack_bytes
 from textserve.v1 import admin_pb2, admin_pb2_grpc
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc

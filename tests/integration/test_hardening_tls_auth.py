@@ -25,7 +25,7 @@ from textserve.connect import channel_credentials
 from textserve.oip import grpc_service_pb2 as ipb
 from textserve.oip import grpc_service_pb2_grpc as ipb_grpc
 from textserve.service.config import SecurityConfig
-from textserve.service.servicers.oip_codec import pack_bytes
+from textserve.service.dataplane.oip_codec import pack_bytes
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 

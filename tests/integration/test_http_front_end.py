@@ -87,10 +87,86 @@ def test_probes_answer_only_on_their_exact_paths_and_method(srv: RunningServer) 
     for method in ("POST", "PUT", "DELETE"):
         response = requests.request(method, url(srv, "/readyz"), timeout=10)
         assert response.status_code == 405, method
-        assert response.headers["allow"] == "GET"
+        assert response.headers["allow"] == "GET, HEAD"
     # A bare HTTP/0.9-style request line is answered (and the connection closed), not held.
     answer = raw_exchange(srv.server.metrics_port or 0, b"GET /readyz\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"serving\n")
+
+
+def test_head_answers_wherever_get_does_and_v2_with_a_slash_is_server_metadata(
+    srv: RunningServer,
+) -> None:
+    for path in ("/healthz", "/readyz", "/v2", "/v2/", "/v2/health/live", f"/v2/models/{MODEL}"):
+        got = requests.get(url(srv, path), timeout=10)
+        head = requests.head(url(srv, path), timeout=10)
+        assert (head.status_code, got.status_code) == (200, 200), path
+        assert head.content == b"", path
+        assert head.headers["content-length"] == str(len(got.content)), path
+    assert (
+        requests.get(url(srv, "/v2/"), timeout=10).json()
+        == requests.get(url(srv, "/v2"), timeout=10).json()
+    )
+    assert requests.head(url(srv, "/v1/classify"), timeout=10).status_code == 405  # POST only
+
+
+def test_a_non_ascii_digit_in_the_binary_header_length_is_a_400(srv: RunningServer) -> None:
+    # the byte 0xB2 is '\u00b2' in latin-1: str.isdigit() passed it and int() then failed, a 500
+    body = json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1]}]}).encode()
+    head = f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    tail = f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    for value in (b"\xb2", b"1\xb2", "\u0663".encode(), b"-1", b"1e3"):
+        header = b"Inference-Header-Content-Length: " + value + b"\r\n"
+        answer = raw_exchange(srv.server.metrics_port or 0, head.encode() + header + tail)
+        assert answer.startswith(b"HTTP/1.1 400"), (value, answer[:200])
+        assert b"inference-header-content-length must be a number" in answer.lower(), value
+
+
+HOSTILE_JSON = {
+    # a lone surrogate, as JSON escapes write one: no UTF-8 encoder or tokenizer takes it
+    "surrogate text": (b'{"texts": ["a good film", "bad \\ud800 plot"]}', "texts[1]"),
+    "surrogate pair text": (
+        b'{"texts": ["a"], "text_pairs": ["\\udfff"]}',
+        "text_pairs[0]",
+    ),
+    "surrogate id": (b'{"texts": ["a"], "id": "\\ud800"}', "`id`"),
+    "nested 100,000 deep": (b"[" * 100_000 + b"]" * 100_000, "nested too deep"),
+    "an integer of 5,000 digits": (b'{"texts": ["a"], "top_k": ' + b"9" * 5000 + b"}", "digits"),
+}
+HOSTILE_INFER = {
+    "surrogate tensor name": (
+        b'{"inputs": [{"name": "\\ud800", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}',
+        "lone surrogate",
+    ),
+    "surrogate id": (
+        b'{"id": "\\udc00", "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], '
+        b'"data": ["a"]}]}',
+        "`id`",
+    ),
+    "a 1 MB tensor name": (
+        b'{"inputs": [{"name": "' + b"x" * 1_000_000 + b'", "datatype": "BYTES", "shape": [1],'
+        b' "data": ["a"]}]}',
+        "input tensor",
+    ),
+    "nested 100,000 deep": (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "deep"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_JSON))
+def test_hostile_json_is_a_400_naming_the_fault_never_a_500(srv: RunningServer, case: str) -> None:
+    body, named = HOSTILE_JSON[case]
+    answer = requests.post(url(srv, "/v1/classify"), data=body, timeout=30)
+    assert answer.status_code == 400, answer.text[:300]
+    assert answer.json()["code"] == "INVALID_ARGUMENT" and named in answer.json()["error"]
+    assert len(answer.content) < 2000  # the fault is named, the input not echoed whole
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_INFER))
+def test_hostile_kserve_json_is_a_400_never_a_500(srv: RunningServer, case: str) -> None:
+    body, named = HOSTILE_INFER[case]
+    answer = requests.post(url(srv, f"/v2/models/{MODEL}/infer"), data=body, timeout=30)
+    assert answer.status_code == 400, answer.text[:300]
+    assert named in answer.json()["error"]
+    assert len(answer.content) < 2000
 
 
 def test_metrics_and_kserve_probes(srv: RunningServer) -> None:

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.serving import RunningServer, running_server
 from textserve.oip import grpc_service_pb2 as pb
 from textserve.oip import grpc_service_pb2_grpc as pb_grpc
-from textserve.service.servicers.oip_codec import pack_bytes, unpack_bytes
+from textserve.service.dataplane.oip_codec import pack_bytes, unpack_bytes
 from textserve.v1 import classifier_pb2 as v1
 from textserve.v1 import classifier_pb2_grpc as v1_grpc
 

@@ -37,7 +37,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["service/engine/batcher.py", "service/engine/queue.py"],
         [U + "engine/test_batcher.py", U + "engine/test_queue.py"],
     ),
-    "oip_codec": (["service/servicers/oip_codec.py"], [S + "test_oip_codec.py"]),
+    "oip_codec": (["service/dataplane/oip_codec.py"], [S + "test_oip_codec.py"]),
     "status": (
         ["service/servicers/status.py"],
         [

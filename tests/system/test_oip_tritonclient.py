@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.serving import RunningServer, running_server
-from textserve.service.servicers.oip_codec import pack_bytes
+from textserve.service.dataplane.oip_codec import pack_bytes
 from textserve.v1 import classifier_pb2 as v1
 from textserve.v1 import classifier_pb2_grpc as v1_grpc
 

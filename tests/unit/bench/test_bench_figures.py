@@ -199,7 +199,7 @@ def test_v1_requests_carry_the_texts_and_model() -> None:
 
 def test_oip_requests_decode_with_the_servers_own_codec() -> None:
     from textserve.oip import grpc_service_pb2 as oip
-    from textserve.service.servicers.oip_codec import decode_request
+    from textserve.service.dataplane.oip_codec import decode_request
 
     texts = ["caf\u00e9 society", "a long, slow film", "ok"]
     pool = build_requests(texts, "oip", 3, "default", count=2)

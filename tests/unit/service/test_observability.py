@@ -11,6 +11,7 @@ import sys
 import urllib.request
 from typing import Any
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -63,7 +64,8 @@ def test_prediction_series_exist_at_zero_and_count_winning_labels() -> None:
         )
 
     assert (count("neg"), count("pos")) == (0.0, 0.0)
-    predictions.observe([1, 1, 0], [0.9, 0.6, 0.99])
+    probabilities = np.array([[0.1, 0.9], [0.4, 0.6], [0.99, 0.01]], np.float32)
+    predictions.observe(probabilities)  # winners pos, pos, neg; confidences 0.9, 0.6, 0.99
     assert (count("neg"), count("pos")) == (1.0, 2.0)
     labels = {"model": "m", "version": "2"}
     assert registry.get_sample_value("textserve_prediction_confidence_count", labels) == 3

@@ -10,10 +10,10 @@ import struct
 import numpy as np
 import pytest
 
+from textserve.service.dataplane.oip_codec import decode_request, encode_response, pack_bytes
 from textserve.service.errors import ValidationError
 from textserve.service.http.jsonify import to_json
 from textserve.service.http.tensors import parse_infer, render_infer
-from textserve.service.servicers.oip_codec import decode_request, encode_response, pack_bytes
 from textserve.v1 import classifier_pb2 as pb
 
 TEXT = {"name": "TEXT", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}

@@ -19,11 +19,10 @@ from textserve.service.servicers.interceptors import (
     OPEN_METHODS,
     OPEN_SERVICES,
     TokenAuthInterceptor,
-    TokenSet,
     auth_interceptors,
-    bearer_token,
     refusal_handler,
 )
+from textserve.service.tokens import TokenSet, bearer_token
 from textserve.v1 import classifier_pb2 as pb
 
 TOKEN = "s3cret-0123456789abcdef"

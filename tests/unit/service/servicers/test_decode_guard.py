@@ -12,7 +12,7 @@ import pytest
 
 from tests.unit.service.servicers.grpc_fakes import KINDS, Details, FakeContext, serialize
 from textserve.service.servicers.interceptors import (
-    DecodeGuard,
+    GuardedRegistrar,
     Undecodable,
     guard,
     safe_deserializer,
@@ -73,26 +73,34 @@ def test_guarded_unary_and_stream_methods_answer_invalid_argument() -> None:
     asyncio.run(main())
 
 
+def _registered(handlers: dict[str, Any]) -> Any:
+    """Register `handlers` as one generic handler through GuardedRegistrar (as generated code
+    does) on a server that keeps it; method -> the handler grpc would get."""
+    added: list[Any] = []
+
+    class Server:
+        def add_generic_rpc_handlers(self, generic: Any) -> None:
+            added.extend(generic)
+
+    GuardedRegistrar(Server()).add_generic_rpc_handlers(  # type: ignore[arg-type]
+        [
+            grpc.method_handlers_generic_handler(
+                "t.S", {k.rsplit("/", 1)[1]: v for k, v in handlers.items()}
+            )
+        ]
+    )
+    return lambda method: added[0].service(Details(method))
+
+
 def test_the_guard_is_built_once_per_method() -> None:
     async def unary(request: Any, context: Any) -> None:
         return None
 
     handler = grpc.unary_unary_rpc_method_handler(unary, pb.ClassifyRequest.FromString)
 
-    async def continuation(details: Any) -> Any:
-        return handler
-
-    class Details:
-        method = "/t.S/U"
-        invocation_metadata = ()
-
-    async def main() -> None:
-        interceptor = DecodeGuard()
-        first = await interceptor.intercept_service(continuation, Details())  # type: ignore[arg-type]
-        again = await interceptor.intercept_service(continuation, Details())  # type: ignore[arg-type]
-        assert first is again and first is not handler
-
-    asyncio.run(main())
+    lookup = _registered({"/t.S/U": handler})
+    first, again = lookup("/t.S/U"), lookup("/t.S/U")
+    assert first is again and first is not handler
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -185,20 +193,18 @@ def test_the_decode_guard_hands_out_guarded_handlers_with_their_method() -> None
         "/t.S/B": grpc.stream_stream_rpc_method_handler(bidi, pb.ClassifyRequest.FromString),
     }
 
-    async def continuation(details: Any) -> Any:
-        return handlers.get(details.method)
+    lookup = _registered(handlers)
 
     async def main() -> None:
-        interceptor = DecodeGuard()
-        assert await interceptor.intercept_service(continuation, Details("/t.S/None")) is None  # type: ignore[arg-type]
-        unary = await interceptor.intercept_service(continuation, Details("/t.S/U"))  # type: ignore[arg-type]
+        assert lookup("/t.S/None") is None
+        unary = lookup("/t.S/U")
         assert unary is not None and unary is not handlers["/t.S/U"]
         context = FakeContext()
         assert await unary.unary_unary(unary.request_deserializer(b""), context) == "ok"
         with pytest.raises(grpc.aio.AbortError):
             await unary.unary_unary(unary.request_deserializer(b"\xff\xff"), context)
         assert context.aborted is not None and context.aborted[1].startswith("/t.S/U: the request")
-        bidi_guarded = await interceptor.intercept_service(continuation, Details("/t.S/B"))  # type: ignore[arg-type]
+        bidi_guarded = lookup("/t.S/B")
 
         async def requests() -> Any:
             for data in (b"", b"", b"\xff\xff"):
@@ -233,3 +239,30 @@ def test_a_plain_function_stream_unary_behaviour_is_guarded_too() -> None:
     context = FakeContext()
     assert asyncio.run(handler.stream_unary(requests(), context)) == "ok"
     assert contexts == [context] and context.aborted is None
+
+
+def test_a_closed_drain_gate_answers_unavailable_counted_and_health_stays_open() -> None:
+    from textserve.service.drain import DrainGate
+    from textserve.service.servicers.interceptors import DRAINING_MESSAGE, guard
+
+    async def unary(request: Any, context: Any) -> str:
+        return "served"
+
+    handler = grpc.unary_unary_rpc_method_handler(unary, pb.ClassifyRequest.FromString)
+    gate = DrainGate()
+    served = guard("/t.S/U", handler, gate)
+    health = guard("/grpc.health.v1.Health/Check", handler, gate)
+
+    async def main() -> None:
+        assert await served.unary_unary(served.request_deserializer(b""), FakeContext()) == "served"
+        gate.close()
+        context = FakeContext()
+        with pytest.raises(grpc.aio.AbortError):
+            # closed: UNAVAILABLE even for a message that did not parse
+            await served.unary_unary(served.request_deserializer(b"\xff\xff"), context)
+        assert context.aborted == (grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
+        assert gate.refused == 1
+        assert await health.unary_unary(health.request_deserializer(b""), FakeContext()) == "served"
+        assert gate.refused == 1
+
+    asyncio.run(main())

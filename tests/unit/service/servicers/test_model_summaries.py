@@ -51,10 +51,18 @@ def test_every_state_has_the_api_state_of_its_name() -> None:
         assert pb.ModelState.Name(value) == f"MODEL_STATE_{state.name}"
 
 
+def _context(repository: Any) -> Any:
+    """A serving context of `repository` alone (what ListModels reads)."""
+    from textserve.service.config import ServerConfig
+    from textserve.service.dataplane.context import ServingContext
+
+    return ServingContext(ServerConfig(), repository, None)  # type: ignore[arg-type]
+
+
 def test_list_models_and_admin_answer_the_same_states() -> None:
     repository: Any = FakeRepository(every_state())
     listed = asyncio.run(
-        ClassifierServicer(repository, None).ListModels(pb.ListModelsRequest(), FakeContext())
+        ClassifierServicer(_context(repository)).ListModels(pb.ListModelsRequest(), FakeContext())
     )
     reloaded = asyncio.run(
         AdminServicer(repository).ReloadRepository(

@@ -10,6 +10,8 @@ from typing import Any
 import grpc
 import pytest
 
+from textserve.service.dataplane.codes import CODES, code_name, log_unexpected, public_message
+from textserve.service.dataplane.observe import Seen
 from textserve.service.errors import (
     CancelledError,
     DeadlineExceededError,
@@ -23,14 +25,9 @@ from textserve.service.errors import (
 )
 from textserve.service.servicers.status import (
     DEADLINE_MARGIN_S,
-    GRPC_CODES,
-    Seen,
-    code_name,
     deadline_of,
     grpc_code,
     grpc_errors,
-    log_unexpected,
-    public_message,
 )
 
 
@@ -56,7 +53,7 @@ def test_each_error_has_its_code(exc: Exception, code: str) -> None:
 
 
 def test_every_code_in_the_table_is_a_grpc_code() -> None:
-    assert all(name in grpc.StatusCode.__members__ for name in GRPC_CODES.values())
+    assert all(name in grpc.StatusCode.__members__ for name in CODES.values())
 
 
 def test_a_subclass_takes_its_parents_code() -> None:

@@ -6,9 +6,8 @@ import pytest
 
 from textserve import artifact
 from textserve.artifact import MAX_VERSION, shown
+from textserve.service.dataplane.prologue import MAX_NAME_CHARS, model_name, parse_version
 from textserve.service.errors import ModelNotFoundError
-from textserve.service.servicers.resolve import parse_version
-from textserve.service.servicers.status import MAX_NAME_CHARS, model_name
 
 NOT_VERSIONS = ["", "0", "01", "²", "١", "٣", "+1", "-1", " 1", "1 ", "1_000", "1e3", "0x1"]
 NOT_VERSIONS += [str(MAX_VERSION + 1), "9" * 19, "1" * 10_000]

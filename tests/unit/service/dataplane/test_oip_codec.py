@@ -10,8 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from textserve.oip import grpc_service_pb2 as pb
-from textserve.service.errors import ValidationError
-from textserve.service.servicers.oip_codec import (
+from textserve.service.dataplane.oip_codec import (
     OUTPUT_NAMES,
     DecodedRequest,
     decode_request,
@@ -19,6 +18,7 @@ from textserve.service.servicers.oip_codec import (
     pack_bytes,
     unpack_bytes,
 )
+from textserve.service.errors import ValidationError
 
 LABELS = ["negative", "positive"]
 

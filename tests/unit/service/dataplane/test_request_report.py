@@ -29,11 +29,12 @@ from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
 from textserve.service.access_log import AccessLog
+from textserve.service.dataplane.context import Telemetry
+from textserve.service.dataplane.observe import Seen, observed
+from textserve.service.dataplane.prologue import MAX_NAME_CHARS
 from textserve.service.engine.handle import ClassifyResult, Timings
 from textserve.service.errors import ModelNotFoundError, ValidationError
 from textserve.service.metrics import UNKNOWN_MODEL, Metrics
-from textserve.service.servicers.context import Telemetry
-from textserve.service.servicers.status import MAX_NAME_CHARS, Seen, observed
 from textserve.service.tracing import RequestTrace, Tracing
 
 PEER = "ipv4:10.0.0.7:5123"
@@ -326,7 +327,7 @@ def failure_logged(caplog: pytest.LogCaptureFixture, error: type[BaseException],
     """One line says `what` (tracing, access-logging) of a Classify request failed, with the
     traceback."""
     (record,) = caplog.records
-    assert record.name == "textserve.service.servicers.status"
+    assert record.name == "textserve.service.dataplane.observe"
     assert record.levelno == logging.ERROR
     assert record.getMessage() == f"{what} a Classify request failed"
     assert record.exc_info is not None and record.exc_info[0] is error

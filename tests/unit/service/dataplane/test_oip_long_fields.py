@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from textserve.oip import grpc_service_pb2 as pb
+from textserve.service.dataplane.oip_codec import decode_request
 from textserve.service.errors import ValidationError
-from textserve.service.servicers.oip_codec import decode_request
 
 HUGE = "x" * (3 << 20)
 

@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from textserve.oip import model_config_pb2 as mc
+from textserve.service.dataplane.oip_describe import model_config, model_metadata, model_statistics
 from textserve.service.metrics import Metrics
-from textserve.service.servicers.oip_describe import model_config, model_metadata, model_statistics
 
 
 @dataclass

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from textserve.oip import grpc_service_pb2 as pb
 from textserve.oip import model_config_pb2 as mc
+from textserve.service.dataplane.oip_codec import INPUT_NAME, PAIR_INPUT_NAME
 from textserve.service.metrics import Metrics
-from textserve.service.servicers.oip_codec import INPUT_NAME, PAIR_INPUT_NAME
 
 __all__ = ["BACKEND", "PLATFORM", "model_config", "model_metadata", "model_statistics"]
 

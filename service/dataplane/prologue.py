@@ -1,14 +1,14 @@
 """The prologue every front end runs on a request, written once: which model version serves it,
 whether over-long texts are truncated, and a multi-label model's decision threshold.
 
-    handle = resolve(repository, request.model, request.version)  # textserve.v1: int, 0 = newest
-    handle = resolve(repository, model_name, "3")                  # OIP / HTTP: a version string
-    truncate = truncation(request.truncate if request.HasField("truncate") else None)
-    threshold = threshold_of(request, handle)          # textserve.v1; None: not multi-label
+    handle = resolve(repository, call.model, call.version)  # textserve.v1: int, 0 = newest
+    handle = resolve(repository, model_name, "3")            # OIP / HTTP paths: a version string
+    truncate = truncation(call.truncate)                     # None: the default
+    threshold = decision_threshold(handle, call.threshold)   # None: not multi-label
 
-textserve.v1 (unary and stream), the Open Inference Protocol over gRPC and every HTTP route use
-these, so an empty name, a version 0 or "", a name too long to be a model's and the default of
-`truncate` mean the same thing whichever way a request came.
+Every operation of the data plane (classify.prologue, infer, the model descriptions) and so
+every front end uses these, so an empty name, a version 0 or "", a name too long to be a
+model's and the default of `truncate` mean the same thing whichever way a request came.
 """
 
 from __future__ import annotations
@@ -19,12 +19,24 @@ from typing import TYPE_CHECKING
 from textserve import artifact
 from textserve.artifact import MAX_VERSION, shown
 from textserve.service.errors import ModelNotFoundError, ValidationError
-from textserve.service.servicers.status import model_name
 
 if TYPE_CHECKING:
     from textserve.service.engine.handle import ModelHandle
     from textserve.service.repository.core import ModelRepository
-    from textserve.v1 import classifier_pb2 as pb
+
+# Model names are folder names of the repository, which no file system lets be longer than 255
+# (bytes; so characters too): a longer name in a request cannot name a model. It is refused here,
+# before the repository quotes it whole in its NOT_FOUND message.
+MAX_NAME_CHARS = 255
+
+
+def model_name(name: str) -> str | None:
+    """A request's model name for ModelRepository.get ("" -> None: the default model);
+    ModelNotFoundError, quoting it shortened, for a name too long to be a model's."""
+    if len(name) > MAX_NAME_CHARS:
+        raise ModelNotFoundError(f"no model named {shown(name)}")
+    return name or None
+
 
 # Over-long texts are cut to the model's max_length unless the request says truncate=false
 # (then they are refused with INVALID_ARGUMENT): ClassifyRequest.truncate's documented default.
@@ -73,13 +85,3 @@ def decision_threshold(handle: ModelHandle, requested: float | None) -> float | 
             )
         return requested
     return manifest.decision_threshold if manifest.activation == "sigmoid" else None
-
-
-def threshold_of(request: pb.ClassifyRequest, handle: ModelHandle) -> float | None:
-    """A textserve.v1 request's decision threshold (multi-label models), checked."""
-    return decision_threshold(handle, request.threshold if request.HasField("threshold") else None)
-
-
-def pairs_of(request: pb.ClassifyRequest) -> list[str] | None:
-    """A textserve.v1 request's text_pairs, or None for single texts."""
-    return list(request.text_pairs) if request.text_pairs else None
