@@ -234,6 +234,15 @@ def _add_batching_arguments(parser: argparse.ArgumentParser) -> None:
         "texts waiting per model before requests are refused",
         type=int,
     )
+    flag(
+        "max-queue-wait-ms",
+        "0",
+        "milliseconds of work a model's queue may hold ahead of a new request (queued tokens "
+        "over the measured drain rate) before the request is refused at once "
+        "(RESOURCE_EXHAUSTED / 429, retryable), and a deadline nearer than that wait is "
+        "refused up front; 0: off",
+        type=float,
+    )
 
 
 def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
@@ -478,6 +487,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                 else args.max_batch_tokens,
                 max_queue_delay=args.max_queue_delay_ms / 1000.0,
                 max_queue_size=args.max_queue_size,
+                max_queue_wait=args.max_queue_wait_ms / 1000.0 if args.max_queue_wait_ms else None,
                 max_padding_ratio=args.max_padding_ratio,
             ),
         )

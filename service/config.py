@@ -39,6 +39,11 @@ class BatcherConfig:
     # model is free (under load batches form from what queued while the last one ran).
     max_queue_delay: float = 0.0
     max_queue_size: int = 4096  # texts waiting per model; beyond it requests are refused at once
+    # Admission by time: seconds of work the queue may hold ahead of a new request (its queued
+    # tokens over the tokens per second the model has been draining) before the request is
+    # refused at once (RESOURCE_EXHAUSTED, HTTP 429), and a request whose deadline is nearer
+    # than that wait is refused up front (DEADLINE_EXCEEDED). None: off (the count bound only).
+    max_queue_wait: float | None = None
     # Once a batch has min_fill texts, a text that would make more than this fraction of the
     # batch's tokens padding waits for a batch of its own length instead (padding is compute).
     # 1: no such wait. ModelHandle runs each batch as length-sorted sub-batches, which pad
@@ -59,6 +64,11 @@ class BatcherConfig:
             )
         if self.max_queue_size < 1:
             raise ConfigError(f"--max-queue-size must be at least 1, got {self.max_queue_size}")
+        if self.max_queue_wait is not None and not 0 < self.max_queue_wait <= 600:
+            raise ConfigError(
+                "--max-queue-wait-ms must be between 1 and 600000 (0: off), "
+                f"got {self.max_queue_wait * 1e3:g}"
+            )
         if not 0 <= self.max_padding_ratio <= 1:
             raise ConfigError(
                 f"--max-padding-ratio must be between 0 and 1, got {self.max_padding_ratio}"

@@ -188,6 +188,21 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",  # --workers: the server's queue is every worker's
         )
+        self.queue_expected_wait = Gauge(
+            "textserve_queue_expected_wait_seconds",
+            "Seconds of work queued ahead of a new request (queued tokens over the measured "
+            "drain rate), with --max-queue-wait-ms",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.admission_refusals = Counter(
+            "textserve_admission_refusals",
+            "Requests refused at once by the model's queue, by reason: queue_full (the count "
+            "bound), queue_wait (--max-queue-wait-ms), deadline (nearer than the wait)",
+            ["model", "reason"],
+            registry=r,
+        )
         self.inflight_texts = Gauge(
             "textserve_inflight_texts",
             "Texts accepted and not yet answered (queued or running): the autoscaling signal",
@@ -415,6 +430,10 @@ class Metrics:
         self.model_load_failures.labels(model, reason).inc()
 
 
+# Why a model's queue refused a request at once (textserve_admission_refusals_total's reason).
+ADMISSION_REASONS = ("queue_full", "queue_wait", "deadline")
+
+
 class ModelMetrics:
     """One model's engine series: the batcher's observer (on_batch, on_queue_waits,
     on_queue_depth, on_inflight) and tokenization (on_tokenize). The labelled children are
@@ -431,6 +450,9 @@ class ModelMetrics:
         self._padding = metrics.batch_padding_ratio.labels(model)
         self._inference = metrics.inference_duration.labels(model)
         self._tokenize = metrics.tokenize_duration.labels(model)
+        self._expected_wait = metrics.queue_expected_wait.labels(model)
+        # every reason at zero from the start (a rate of 0 reads as "none", not "no series")
+        self._refusals = {r: metrics.admission_refusals.labels(model, r) for r in ADMISSION_REASONS}
 
     def on_batch(self, size: int, padded_tokens: int, padding_ratio: float, seconds: float) -> None:
         """One model run: ``size`` texts, ``padded_tokens`` (size x width), the wasted fraction,
@@ -451,6 +473,14 @@ class ModelMetrics:
     def on_inflight(self, texts: int) -> None:
         """Texts accepted and not yet answered now (queued or running)."""
         self._inflight.set(texts)
+
+    def on_expected_wait(self, seconds: float) -> None:
+        """Seconds of work queued ahead of a new request now."""
+        self._expected_wait.set(seconds)
+
+    def on_refused(self, reason: str) -> None:
+        """A request refused at once by the queue (ADMISSION_REASONS)."""
+        self._refusals[reason].inc()
 
     def on_tokenize(self, seconds: float) -> None:
         """The tokenization of one batch."""

@@ -42,6 +42,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from textserve.service.config import BatcherConfig
+from textserve.service.engine.admission import Admission
 from textserve.service.engine.batches import (
     BatchObserver,
     BatchOutput,
@@ -161,6 +162,8 @@ class Batcher(Generic[P]):
         self._idle: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = threading.Lock()  # the queue's, between the loop and the executor thread
+        # Admission by time (config.max_queue_wait): the drain rate and the expected wait.
+        self._admission = Admission(config.max_queue_wait, name, workers)
         self._stopping = False  # set when the workers are cancelled: chains take no more
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -224,11 +227,22 @@ class Batcher(Generic[P]):
 
     # -- submitting --------------------------------------------------------------------------
 
-    def _check_room(self, n: int) -> None:
+    def expected_wait(self) -> float:
+        """Seconds of work queued ahead of a new request (see engine/admission.py)."""
+        return self._admission.expected_wait(self._queue.tokens)
+
+    def _check_room(self, n: int, deadline: float | None, now: float) -> None:
+        """Refuse at once what the queue cannot take (engine/admission.py), counted."""
         try:
             self._queue.check_room(n)
-        except OverloadedError:
+            self._admission.check(self._queue.tokens, deadline, now)
+        except OverloadedError as exc:
             self.stats.rejected_overloaded += 1
+            self._observer.on_refused(getattr(exc, "reason", "queue_full"))
+            raise
+        except DeadlineExceededError:
+            self.stats.rejected_deadline += 1
+            self._observer.on_refused("deadline")
             raise
 
     async def submit(
@@ -301,7 +315,7 @@ class Batcher(Generic[P]):
         now = self._clock()
         if deadline is not None and deadline <= now:
             raise DeadlineExceededError("the deadline had passed before the request was queued")
-        self._check_room(n)
+        self._check_room(n, deadline, now)
         loop = asyncio.get_running_loop()
         self._seq += 1
         request = _Request(n, loop.create_future(), now, self._seq, trace)
@@ -485,6 +499,7 @@ class Batcher(Generic[P]):
             self._fail(batch, InternalError(f"inference failed ({type(failure).__name__})"))
             return
         seconds = finished - started
+        self._measure_drain(batch, seconds)
         if runs is None:
             lengths = [item.length for item in batch]
             runs = (RunStats(len(batch), len(batch) * max(lengths), sum(lengths), seconds),)
@@ -514,6 +529,11 @@ class Batcher(Generic[P]):
                 future.set_result(None)
         if traces:
             self._trace_batch(list(traces.values()), started, seconds, runs)
+
+    def _measure_drain(self, batch: list[_Item], seconds: float) -> None:
+        """Fold one batch into the drain rate and publish the expected wait."""
+        self._admission.drained(sum(item.length for item in batch), seconds)
+        self._observer.on_expected_wait(self.expected_wait())
 
     def _trace_batch(
         self, traces: list[BatchTrace], started: float, seconds: float, runs: Sequence[RunStats]

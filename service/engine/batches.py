@@ -26,6 +26,10 @@ class BatchObserver(Protocol):
 
     def on_inflight(self, texts: int) -> None: ...
 
+    def on_expected_wait(self, seconds: float) -> None: ...
+
+    def on_refused(self, reason: str) -> None: ...
+
 
 class BatchTrace(Protocol):
     """A traced request's handle on its trace (service/tracing.py's RequestTrace): the engine
@@ -54,6 +58,12 @@ class NullObserver:
     def on_inflight(self, texts: int) -> None:
         pass
 
+    def on_expected_wait(self, seconds: float) -> None:
+        pass
+
+    def on_refused(self, reason: str) -> None:
+        pass
+
 
 @dataclass
 class BatchStats:
@@ -64,7 +74,8 @@ class BatchStats:
     max_batch_size_seen: int = 0
     dropped_deadline: int = 0
     dropped_cancelled: int = 0
-    rejected_overloaded: int = 0  # requests refused because the queue was full
+    rejected_overloaded: int = 0  # requests refused: the queue was full, or held too long a wait
+    rejected_deadline: int = 0  # requests refused up front: their deadline was nearer than the wait
     padded_tokens: int = 0
     padding_tokens: int = 0
     queue_depth: int = 0

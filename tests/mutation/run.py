@@ -31,20 +31,26 @@ OUT = ROOT / "build" / "mutation"
 U = "tests/unit/service/"
 R = U + "repository/"
 S = U + "servicers/"
+D = U + "dataplane/"
 # group -> (modules under textserve/, the tests that cover them: unit tests, fast and forkable)
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "batcher": (
         ["service/engine/batcher.py", "service/engine/queue.py"],
         [U + "engine/test_batcher.py", U + "engine/test_queue.py"],
     ),
-    "oip_codec": (["service/dataplane/oip_codec.py"], [S + "test_oip_codec.py"]),
+    "oip_codec": (["service/dataplane/oip_codec.py"], [D + "test_oip_codec.py"]),
     "status": (
-        ["service/servicers/status.py"],
+        [
+            "service/servicers/status.py",
+            "service/dataplane/codes.py",
+            "service/dataplane/observe.py",
+            "service/dataplane/prologue.py",
+        ],
         [
             U + "test_serving_edges.py",
-            S + "test_request_text.py",
+            D + "test_request_text.py",
             S + "test_status_table.py",
-            S + "test_request_report.py",
+            D + "test_request_report.py",
         ],
     ),
     "publish": (

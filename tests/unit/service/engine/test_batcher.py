@@ -56,6 +56,12 @@ class Recorder:
     def on_queue_depth(self, depth: int) -> None:
         self.depths.append(depth)
 
+    def on_expected_wait(self, seconds: float) -> None:
+        pass
+
+    def on_refused(self, reason: str) -> None:
+        pass
+
     def on_inflight(self, texts: int) -> None:
         self.inflight.append(texts)
 
