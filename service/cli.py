@@ -269,6 +269,13 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "largest request message in bytes; larger ones get RESOURCE_EXHAUSTED",
         type=int,
     )
+    flag(
+        "max-concurrent-rpcs",
+        _text(server.max_concurrent_rpcs),
+        "gRPC calls handled at once; beyond it a call is answered RESOURCE_EXHAUSTED "
+        "(retryable) as soon as it is read, never left to wait in grpc; 0: no limit",
+        type=int,
+    )
 
 
 def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
@@ -449,6 +456,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             grace_period=args.grace_period,
             worker_timeout=args.worker_timeout,
             max_message_bytes=args.max_message_bytes,
+            max_concurrent_rpcs=args.max_concurrent_rpcs or None,
             stream_max_inflight=args.stream_max_inflight,
             security=SecurityConfig(
                 tls_cert=Path(args.tls_cert) if args.tls_cert else None,

@@ -213,6 +213,7 @@ def create_server(
         # drain's gate and the decode guard sit on each method handler (GuardedRegistrar):
         # an interceptor would cost every call a coroutine and a continuation.
         interceptors=auth_interceptors(config.security),
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         options=[
             # A larger request gets RESOURCE_EXHAUSTED from grpc before it is read whole.
             ("grpc.max_receive_message_length", config.max_message_bytes),

@@ -10,7 +10,8 @@ server.
 
 Every channel balances per request with gRPC's `round_robin` over all the addresses its
 target resolves to (a ClusterIP Service would pin the one HTTP/2 connection to one pod), and
-retries UNAVAILABLE (a replica that stopped or drains before the call reached it; the
+retries UNAVAILABLE (a replica that stopped or drains before the call reached it) and
+RESOURCE_EXHAUSTED (a server that admits no more work now), with backoff and throttling (the
 textserve.v1 reads and Classify are idempotent): SERVICE_CONFIG.
 
     add_arguments(parser)                          # --tls, --tls-ca, --tls-cert, --tls-key, ...
@@ -132,8 +133,14 @@ def channel_credentials(
 # that no replica could take (UNAVAILABLE: connection refused or reset, a draining server's
 # GOAWAY; CANCELLED: a server that shuts down cancels the calls it had received but not yet
 # started — seen under load at a replica's SIGTERM; a call the caller cancels itself is never
-# retried). Classify is idempotent (no state changes), so a retried call cannot classify twice
-# in any way that matters; streams are left out (their messages are not replayable).
+# retried; RESOURCE_EXHAUSTED: a server whose queue holds more work than it admits, which
+# refused the call before running any of it, or one whose queue is full). Classify is
+# idempotent (no state changes), so a retried call cannot classify twice in any way that
+# matters; streams are left out (their messages are not replayable). Retries are throttled
+# (gRPC A6 retryThrottling: once more than half the recent calls failed, retries stop until
+# calls succeed again), so an overloaded server is not sent a storm of them. The one
+# RESOURCE_EXHAUSTED a retry cannot cure, a request over the server's message size limit,
+# costs the 5 attempts' backoff (~1.5 s) before it fails.
 # Client-side health checking (gRPC A17, `healthCheckConfig`) where a target balances over
 # several replicas: each connection watches grpc.health.v1 and round_robin picks only SERVING
 # replicas, so one that is warming up after a restart, or draining after SIGTERM (NOT_SERVING
@@ -151,10 +158,11 @@ SERVICE_CONFIG: dict[str, Any] = {
                 "initialBackoff": "0.05s",
                 "maxBackoff": "1s",
                 "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
+                "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED", "RESOURCE_EXHAUSTED"],
             },
         }
     ],
+    "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1},
 }
 HEALTH_CHECKED_SERVICE_CONFIG: dict[str, Any] = {
     **SERVICE_CONFIG,

@@ -94,3 +94,51 @@ def test_a_deadline_nearer_than_the_wait_is_refused_up_front(tiny_repository: Pa
                 srv.call(handle.batcher.resume)
             for future in held:
                 future.result()
+
+
+def test_the_client_library_retries_a_refusal_until_the_server_admits_it(
+    tiny_repository: Path,
+) -> None:
+    import threading
+
+    from textserve.client import Client
+
+    config = BatcherConfig(max_queue_wait=0.001)
+    with running_server(tiny_repository, batcher=config) as srv:
+        handle = srv.server.repository.get()
+        answers: list[object] = []
+        with srv.channel() as channel, Client(srv.address) as client:
+            held = _held_queue(srv, pb_grpc.ClassifierStub(channel), 256)
+            caller = threading.Thread(target=lambda: answers.append(client.classify([TEXT])))
+            caller.start()
+            poll(lambda: refusals(srv, handle.name, "queue_wait") >= 1, "a first refusal")
+            srv.call(handle.batcher.resume)  # the queue drains: a retry is admitted
+            caller.join(timeout=60)
+            assert len(held[0].result().results) == 256  # type: ignore[attr-defined]
+        assert len(answers) == 1  # answered, not raised: the refusal was retried
+
+
+def test_calls_beyond_the_concurrent_limit_are_refused_at_once_never_cancelled(
+    tiny_repository: Path,
+) -> None:
+    with running_server(tiny_repository, max_concurrent_rpcs=2) as srv:
+        handle = srv.server.repository.get()
+        with srv.channel() as channel:
+            stub = pb_grpc.ClassifierStub(channel)
+            srv.call(handle.batcher.pause)
+            try:
+                held = [
+                    stub.Classify.future(pb.ClassifyRequest(texts=[TEXT]), timeout=60)
+                    for _ in range(2)
+                ]
+                poll(lambda: handle.stats().queue_depth == 2, "two calls in flight")
+                started = time.monotonic()
+                with pytest.raises(grpc.RpcError) as caught:
+                    stub.Classify(pb.ClassifyRequest(texts=[TEXT]), timeout=60)
+                assert time.monotonic() - started < 5  # at the door, not after the queue
+                assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            finally:
+                srv.call(handle.batcher.resume)
+            assert all(len(future.result().results) == 1 for future in held)
+            # the slots are free again
+            assert len(stub.Classify(pb.ClassifyRequest(texts=[TEXT]), timeout=60).results) == 1

@@ -52,7 +52,12 @@ def test_the_service_config_balances_and_retries_unavailable() -> None:
     assert config["loadBalancingConfig"] == [{"round_robin": {}}]
     (method,) = config["methodConfig"]
     assert {"service": "textserve.v1.Classifier", "method": "Classify"} in method["name"]
-    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
+    assert method["retryPolicy"]["retryableStatusCodes"] == [
+        "UNAVAILABLE",
+        "CANCELLED",
+        "RESOURCE_EXHAUSTED",
+    ]
+    assert config["retryThrottling"] == {"maxTokens": 10, "tokenRatio": 0.1}
     assert "healthCheckConfig" not in config  # only where a target balances over replicas
     checked = HEALTH_CHECKED_SERVICE_CONFIG
     assert checked["healthCheckConfig"] == {"serviceName": ""}  # round_robin skips NOT_SERVING

@@ -41,18 +41,20 @@ def test_help_still_shows_the_usage(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "env", "said"),
     [
         (["--worker-timeout", "0"], {}, "--worker-timeout must be more than 0 and at most 3600"),
+        (["--max-queue-wait-ms", "-5"], {}, "--max-queue-wait-ms must be between 1 and 600000"),
+        ([], {"TEXTSERVE_MAX_CONCURRENT_RPCS": "-2"}, "--max-concurrent-rpcs must be at least 1"),
         ([], {"TEXTSERVE_WORKER_TIMEOUT": "-1"}, "--worker-timeout must be more than 0"),
         ([], {"TEXTSERVE_WORKER_TIMEOUT": "soon"}, "TEXTSERVE_WORKER_TIMEOUT='soon'"),
     ],
 )
-def test_a_bad_worker_timeout_is_one_line_and_exit_2(
+def test_a_bad_serve_flag_is_one_line_and_exit_2(
     argv: list[str],
     env: dict[str, str],
     said: str,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """#28's liveness deadline: refused before anything starts, flag or environment."""
+    """#28's liveness deadline, the admission bounds: refused before anything starts."""
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert main(["serve", "--workers", "2", *argv]) == 2
