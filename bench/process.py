@@ -26,9 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 T = TypeVar("T")
 
 
@@ -74,27 +71,6 @@ def poll(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)  # polling interval, not a readiness guess
-
-
-def wait_for_health(address: str, timeout: float, alive: Callable[[], bool] | None = None) -> None:
-    """Poll grpc.health.v1 Check("") until SERVING; raise after `timeout` s or when the
-    process ends (an external server, or a server that went back to NOT_SERVING)."""
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if alive is not None and not alive():
-                raise ServerStartError(f"the server at {address} exited before SERVING ({last})")
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-                last = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
-            except grpc.RpcError as exc:
-                last = exc.code().name
-            time.sleep(0.05)  # polling interval, not a readiness guess
-    raise ServerStartError(f"the server at {address} was not SERVING after {timeout}s ({last})")
 
 
 def serve_command(repository: Path, model: str | None, extra_args: Sequence[str] = ()) -> list[str]:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import zipfile
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -342,11 +342,3 @@ def load_default(cache_dir: str | Path = DEFAULT_CACHE_DIR) -> LabelledData:
         if row.get("category") != DEFAULT_DATA_DROP_CATEGORY
     ]
     return _to_labelled(rows, "text", "category", DEFAULT_DATA_NAME)
-
-
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of a JSONL file (used for test.jsonl)."""
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)

@@ -328,11 +328,6 @@ class Metrics:
         if previous is not None:
             self._drop_info(model, *previous)
 
-    def model_label(self, model: str) -> str:
-        """``model`` if the server initialised it, else UNKNOWN_MODEL (never user text)."""
-        with self._lock:
-            return model if model in self._models else UNKNOWN_MODEL
-
     def _add_cache_metrics(self, r: CollectorRegistry) -> None:
         """The response cache's series (docs/cache.md): texts answered from it or not, and what
         it holds. --workers: each worker has its own cache, the gauges sum them."""

@@ -38,8 +38,6 @@ FORMAT_VERSION = 2  # what is written; format 1 stays readable (missing fields: 
 FORMAT_VERSIONS = (1, 2)
 PRECISIONS = ("fp32", "fp16", "int8")
 INPUT_NAMES = ("input_ids", "attention_mask")  # every graph takes these
-OPTIONAL_INPUTS = ("token_type_ids",)  # fed only when the manifest lists it
-GRAPH_INPUTS = (*INPUT_NAMES, *OPTIONAL_INPUTS)
 OUTPUT_NAME = "logits"
 SOURCE_KINDS = ("textserve", "huggingface", "module")
 # softmax: single-label; sigmoid: multi-label (each label on its own); none: regression.

@@ -307,8 +307,3 @@ def encode_batch(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and attention mask, both int64 (B, T) with T = the longest (cut) text."""
     return Tokenization(tokenizer, max_length, pad_token_id).batch(texts)
-
-
-def token_lengths(tokenizer: Tokenizer, texts: Sequence[str]) -> list[int]:
-    """Untruncated token counts (at least 1: an empty text is one [UNK])."""
-    return [max(1, len(enc.ids)) for enc in tokenizer.encode_batch(list(texts))]
