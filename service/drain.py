@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from textserve.service.metrics import Metrics
 
 # Seconds without a new call before grpc's stop() runs: longer than the gap between two calls
 # of a client that is still sending (a few ms under load), short enough not to slow down a
@@ -25,9 +29,11 @@ QUIET = 0.1
 
 
 class DrainGate:
-    """Open until close(); the guard calls refuse() for each call it turns away meanwhile."""
+    """Open until close(); the guard calls refuse() for each call it turns away meanwhile,
+    counted in `refused` and, given one, the metrics' textserve_drain_refusals_total."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self._counter = None if metrics is None else metrics.drain_refusals
         self.closed = False
         self.refused = 0  # calls answered UNAVAILABLE since the gate closed
         self._last = 0.0  # when the last of them came
@@ -39,6 +45,8 @@ class DrainGate:
     def refuse(self) -> None:
         self.refused += 1
         self._last = time.monotonic()
+        if self._counter is not None:
+            self._counter.inc()
 
     async def quiet(self, deadline: float) -> None:
         """Return once no call has come for QUIET seconds, or at `deadline` (monotonic)."""

@@ -219,6 +219,12 @@ class Metrics:
             ["method", "model"],
             registry=r,
         )
+        self.drain_refusals = Counter(
+            "textserve_drain_refusals",
+            "gRPC calls answered UNAVAILABLE because the server was draining (they reach no "
+            "model, so textserve_requests_total does not count them)",
+            registry=r,
+        )
         self.request_failures = Counter(
             "textserve_request_failures",
             "Requests that ended with a non-OK status, by reason",

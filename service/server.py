@@ -207,7 +207,7 @@ def create_server(
         telemetry=telemetry(config, metrics),
         relay=coordinator.relay if coordinator is not None else None,
     )
-    gate = DrainGate()
+    gate = DrainGate(metrics)
     grpc_server = grpc.aio.server(
         # authentication only (when on): a refused call is neither parsed nor served. The
         # drain's gate and the decode guard sit on each method handler (GuardedRegistrar):

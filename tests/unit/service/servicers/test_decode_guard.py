@@ -248,8 +248,13 @@ def test_a_closed_drain_gate_answers_unavailable_counted_and_health_stays_open()
     async def unary(request: Any, context: Any) -> str:
         return "served"
 
+    from prometheus_client import CollectorRegistry
+
+    from textserve.service.metrics import Metrics
+
     handler = grpc.unary_unary_rpc_method_handler(unary, pb.ClassifyRequest.FromString)
-    gate = DrainGate()
+    metrics = Metrics(CollectorRegistry())
+    gate = DrainGate(metrics)
     served = guard("/t.S/U", handler, gate)
     health = guard("/grpc.health.v1.Health/Check", handler, gate)
 
@@ -262,6 +267,7 @@ def test_a_closed_drain_gate_answers_unavailable_counted_and_health_stays_open()
             await served.unary_unary(served.request_deserializer(b"\xff\xff"), context)
         assert context.aborted == (grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         assert gate.refused == 1
+        assert metrics.registry.get_sample_value("textserve_drain_refusals_total") == 1
         assert await health.unary_unary(health.request_deserializer(b""), FakeContext()) == "served"
         assert gate.refused == 1
 
