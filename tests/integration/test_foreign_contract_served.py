@@ -453,3 +453,29 @@ def test_a_stream_whose_pairs_run_out_is_refused_by_the_client(server: RunningSe
         [[s for _, s in p.top] for p in unary.predictions],
         atol=1e-6,
     )
+
+
+def test_the_cache_never_answers_or_stores_a_pair_under_its_first_text(tmp_path: Path) -> None:
+    """A cached answer belongs to exactly one input: a pair is never answered from its first
+    text's entry, nor stored under it (that would be a wrong answer, not a slow one)."""
+    from textserve.service.engine.cache_size import CacheSize
+
+    make_foreign_version(tmp_path, "nli", ["entail", "contradict"], "softmax", seed=3)
+    first, second = "a good film", "the plot is bad"
+    want_single = softmax(reference_logits(2, 3, [first]))[0]
+    want_pair = softmax(reference_logits(2, 3, [first], [second]))[0]
+    assert np.abs(want_single - want_pair).max() > 1e-3  # the two inputs score apart
+    with running_server(tmp_path, cache_size=CacheSize.parse("1MiB")) as srv:
+        stub = pb_grpc.ClassifierStub(srv.channel())
+
+        def pair_is_computed() -> None:
+            pair = classify(stub, model="nli", texts=[first], text_pairs=[second])
+            assert not pair.results[0].cached
+            np.testing.assert_allclose(pair.results[0].scores, want_pair, atol=1e-5)
+
+        pair_is_computed()  # first: nothing of it may be stored under its first text
+        for cached in (False, True):
+            single = classify(stub, model="nli", texts=[first])
+            assert single.results[0].cached is cached
+            np.testing.assert_allclose(single.results[0].scores, want_single, atol=1e-5)
+        pair_is_computed()  # and a cached first text never answers the pair
