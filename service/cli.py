@@ -521,16 +521,19 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
 
     def ready(server: Any) -> None:
-        metrics = (
-            f"http://{config.metrics_host}:{server.metrics_port}/metrics"
-            if server.metrics_port
-            else None
-        )
+        # the HTTP port serves TLS with the gRPC port's certificate (service/http/server.py)
+        tls = config.security.tls_cert is not None
+        scheme = "https" if tls else "http"
+        base = f"{scheme}://{config.metrics_host}:{server.metrics_port}"
+        metrics = f"{base}/metrics" if server.metrics_port else None
+        client_tls = " --tls-ca CA.pem" if tls else ""  # (--tls-ca implies --tls)
+        curl_tls = " --cacert CA.pem" if tls else ""
         print(
             f"textserve is serving on {server.address} (metrics: {metrics or 'off'}). Try:\n"
-            f"  textserve classify --server {server.address} 'a gripping, beautifully acted film'"
+            f"  textserve classify --server {server.address}{client_tls} "
+            "'a gripping, beautifully acted film'"
             + (
-                f"\n  curl -s http://{config.metrics_host}:{server.metrics_port}/v1/classify "
+                f"\n  curl -s{curl_tls} {base}/v1/classify "
                 '-d \'{"texts": ["a gripping, beautifully acted film"]}\''
                 if server.metrics_port and config.http.inference
                 else ""

@@ -98,3 +98,16 @@ def test_mutual_tls_refuses_a_client_without_our_certificate(
     served = classify(mtls_server, verify=ca, cert=(str(pki.client_cert), str(pki.client_key)))
     assert served.status_code == 200, served.text
     assert len(served.json()["results"]) == len(TEXTS)
+
+
+def test_with_tls_the_banner_and_the_ready_file_say_https(tiny_repository: Path, pki: Pki) -> None:
+    from tests.serving import serve_subprocess
+
+    tls = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
+    with serve_subprocess(tiny_repository, *tls) as proc:
+        assert proc.metrics_url is not None and proc.metrics_url.startswith("https://")
+        banner = proc.text()
+        assert "(metrics: https://" in banner and "curl -s --cacert CA.pem https://" in banner
+        assert "--tls-ca CA.pem" in banner and "http://" not in banner
+        page = requests.get(proc.metrics_url, verify=str(pki.ca_cert), timeout=10)
+        assert page.status_code == 200 and "textserve_requests_total" in page.text
