@@ -401,13 +401,9 @@ class _VersionDir:
         where = self.path / fname
         fd, info = self._open(fname)
         try:
-            digest, got = hashlib.sha256(), 0
-            while block := os.pread(fd, 1 << 20, got):
-                digest.update(block)
-                got += len(block)
+            actual, got = _sha256_fd(fd)
             if got != info.st_size:
                 raise ManifestError(f"{where} changed while it was read; it is tried again later")
-            actual = digest.hexdigest()
             if actual != expected:
                 raise ChecksumError(
                     f"{fname} sha256 {actual[:12]}… does not match the manifest's {expected[:12]}…"
@@ -418,7 +414,16 @@ class _VersionDir:
         except BaseException:
             os.close(fd)
             raise
-        return VerifiedFile(fd, where, _identity(info))
+        return VerifiedFile(fd, where, _identity(info), expected)
+
+
+def _sha256_fd(fd: int) -> tuple[str, int]:
+    """The sha256 of an open file's bytes (read in 1 MiB blocks by offset) and their count."""
+    digest, got = hashlib.sha256(), 0
+    while block := os.pread(fd, 1 << 20, got):
+        digest.update(block)
+        got += len(block)
+    return digest.hexdigest(), got
 
 
 def _identity(info: os.stat_result) -> tuple[int, ...]:
@@ -433,21 +438,30 @@ class VerifiedFile:
     So a large model.onnx is never held in memory by the check: onnxruntime reads it once.
     Close it (or use it in a `with` block) when the load is done."""
 
-    def __init__(self, fd: int, where: Path, identity: tuple[int, ...]) -> None:
+    def __init__(
+        self, fd: int, where: Path, identity: tuple[int, ...], sha256: str | None = None
+    ) -> None:
         self.fd = fd
         self.where = where
         self._identity = identity
+        self._sha256 = sha256
 
     @property
     def path(self) -> Path:
         return Path(f"/proc/self/fd/{self.fd}")
 
     def unchanged(self) -> None:
-        """ManifestError unless the file is still the one that was hashed."""
-        if _identity(os.fstat(self.fd)) != self._identity:
-            raise ManifestError(
-                f"{self.where} changed while it was loaded; it is tried again later"
-            )
+        """ManifestError unless the file is still the one that was hashed. Only the inode's
+        change time moving (a file renamed over its name, a chmod: the descriptor still holds
+        the hashed bytes) costs one more hash of the bytes through the descriptor; a new inode,
+        size or modification time is refused at once."""
+        now = _identity(os.fstat(self.fd))
+        if now == self._identity:
+            return
+        same_bytes = now[:3] == self._identity[:3] and self._sha256 is not None
+        if same_bytes and _sha256_fd(self.fd) == (self._sha256, now[1]):
+            return
+        raise ManifestError(f"{self.where} changed while it was loaded; it is tried again later")
 
     def close(self) -> None:
         if self.fd >= 0:

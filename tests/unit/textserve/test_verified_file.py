@@ -40,3 +40,15 @@ def test_a_wrong_checksum_is_refused_before_anything_reads_it(tmp_path: Path) ->
     with pytest.raises(ChecksumError, match=r"model\.onnx sha256"):
         open_version(version)
     assert len(os.listdir("/proc/self/fd")) == before  # no descriptor left open
+
+
+def test_a_file_renamed_over_the_name_leaves_the_hashed_bytes_in_use(tmp_path: Path) -> None:
+    version = make_version(tmp_path / "models", "m", 1)
+    hashed = (version / "model.onnx").read_bytes()
+    other = tmp_path / "other.onnx"
+    other.write_bytes(b"not the model")
+    _, _, model = open_version(version)
+    with model:
+        os.replace(other, version / "model.onnx")  # the name now points elsewhere
+        model.unchanged()  # the descriptor's inode only changed its link count: re-hashed, same
+        assert model.path.read_bytes() == hashed
