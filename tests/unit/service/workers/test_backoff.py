@@ -73,3 +73,23 @@ def test_deaths_in_quick_succession_stop_the_server(supervisor: Supervisor) -> N
     supervisor._exited(worker)
     assert supervisor._fatal is not None and "workers keep dying" in str(supervisor._fatal)
     assert supervisor._fatal.status == 1
+
+
+def test_a_silent_worker_is_recorded_unresponsive_before_it_is_killed(
+    supervisor: Supervisor,
+) -> None:
+    """The kill's SIGCHLD/sentinel may be read at once: by then the worker must already be
+    recorded as killed for being unresponsive (its restart reason and readiness), or its
+    death would be counted as a crash."""
+    recorded: list[tuple[str | None, str]] = []
+    worker = supervisor.workers[0]
+
+    class Silent:
+        def kill(self) -> None:
+            recorded.append((worker.killed_for, worker.state))
+
+    worker.process, worker.pid, worker.state = Silent(), 4242, "serving"  # type: ignore[assignment]
+    worker.conn = object()  # type: ignore[assignment]
+    worker.heard_at = time.monotonic() - supervisor.config.worker_timeout - 1
+    supervisor._heartbeat(time.monotonic())
+    assert recorded == [("unresponsive", "unresponsive")]
