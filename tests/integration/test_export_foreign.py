@@ -152,6 +152,30 @@ def test_a_pair_encoding_that_differs_from_transformers_is_not_published(
     assert not (out / "p").exists() or not any((out / "p").iterdir())
 
 
+def test_served_scores_that_differ_from_the_pipeline_are_not_published(
+    folders: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The served-score check is the one that compares what the server will answer with
+    transformers' pipeline: scores off by 0.01 (graph and tokenization still equal) fail the
+    export, exit 1, nothing published. Switching the check off fails this test."""
+    from textserve.export import foreign_checks
+
+    real = foreign_checks.apply_activation
+    monkeypatch.setattr(
+        foreign_checks, "apply_activation", lambda logits, how: real(logits, how) + 0.01
+    )
+    out = tmp_path / "models"
+    code, _, err = export(
+        [str(folders["distilbert"]), "--repository", str(out), "--name", "s"], capsys
+    )
+    assert code == 1, err
+    assert "served-score parity" in err and "nothing was published" in err
+    assert not (out / "s").exists() or not any((out / "s").iterdir())
+
+
 @pytest.mark.parametrize("arch", foreign.ARCHITECTURES)
 def test_the_manifest_says_what_the_graph_is(
     arch: str, folders: dict[str, Path], repository: Path
