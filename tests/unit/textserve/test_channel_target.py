@@ -57,7 +57,7 @@ def test_the_service_config_balances_and_retries_unavailable() -> None:
         "CANCELLED",
         "RESOURCE_EXHAUSTED",
     ]
-    assert config["retryThrottling"] == {"maxTokens": 10, "tokenRatio": 0.1}
+    assert "retryThrottling" not in config  # a worker's death must not spend the retries
     assert "healthCheckConfig" not in config  # only where a target balances over replicas
     checked = HEALTH_CHECKED_SERVICE_CONFIG
     assert checked["healthCheckConfig"] == {"serviceName": ""}  # round_robin skips NOT_SERVING
