@@ -92,10 +92,6 @@ def v1_response(answer: Classification) -> pb.ClassifyResponse:
     call, handle, result, threshold = answer
     probs = result.probabilities
     labels = handle.labels
-    if len(probs) == 1 and threshold is None and not call.top_k and not call.all_scores:
-        one = _one_text(answer)
-        if one is not None:
-            return one
     # multi-label: per text, the labels whose own score reaches the threshold (label order)
     passing = None if threshold is None else (probs >= threshold).tolist()
     # Python lists up front: indexing numpy arrays element by element costs more than the rest.
@@ -130,28 +126,6 @@ def v1_response(answer: Classification) -> pb.ClassifyResponse:
                 text.scores.extend(rows[i])
     if call.all_scores:
         response.labels.extend(labels)
-    _timing(response, result)
-    return response
-
-
-def _one_text(answer: Classification) -> pb.ClassifyResponse | None:
-    """v1_response of the commonest call, one text and its best label: Python lists, no numpy
-    reductions (each costs microseconds on a row of two). None for a row with a NaN (argmax's
-    rules for it are numpy's: the general path answers)."""
-    call, handle, result, _ = answer
-    row = result.probabilities[0].tolist()
-    if any(score != score for score in row):
-        return None
-    best = max(range(len(row)), key=row.__getitem__)  # the first of equal maxima, as argmax
-    response = pb.ClassifyResponse(id=call.id, model=handle.name, model_version=handle.version)
-    text = response.results.add(
-        label=handle.labels[best],
-        score=row[best],
-        num_tokens=int(result.num_tokens[0]),
-        truncated=bool(result.truncated[0]),
-    )
-    if result.cached is not None and result.cached[0]:
-        text.cached = True
     _timing(response, result)
     return response
 

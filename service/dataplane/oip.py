@@ -13,6 +13,7 @@ self-description built by oip_describe.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,10 @@ if TYPE_CHECKING:
 EXTENSIONS = ("model_configuration", "statistics", "parameters")
 
 
+@functools.cache
 def server_version() -> str:
+    """This package's version (read once: importlib.metadata scans the installed
+    distributions)."""
     try:
         return metadata.version("textserve")
     except metadata.PackageNotFoundError:  # running from a checkout that was never installed

@@ -147,8 +147,7 @@ class ClassifyStreamCall:
                 trace=seen.trace,
             )
         except Exception as exc:
-            observation.finish(exc)
-            self._answered(_error_response(request, exc))
+            self._failed(request, observation, exc)
             return
         self._pending.add(message.future)
 
@@ -160,7 +159,7 @@ class ClassifyStreamCall:
             self._pending.discard(message.future)
         if result is None:
             assert exc is not None
-            self._failed(message, exc)
+            self._failed(message.request, message.observation, exc)
             return
         prepared = message.prepared
         assert prepared is not None  # a result comes only from the batcher
@@ -169,16 +168,18 @@ class ClassifyStreamCall:
                 Classification(message.call, prepared.handle, result, prepared.threshold)
             )
         except Exception as error:
-            self._failed(message, error)
+            self._failed(message.request, message.observation, error)
             return
         message.observation.seen.result = result
         message.observation.finish(None)
         self._answered(response)
 
-    def _failed(self, message: _Message, exc: BaseException) -> None:
-        message.observation.finish(exc)
+    def _failed(
+        self, request: pb.ClassifyRequest, observation: Observation, exc: BaseException
+    ) -> None:
+        observation.finish(exc)
         if not isinstance(exc, asyncio.CancelledError):  # the stream is ending
-            self._answered(_error_response(message.request, exc))
+            self._answered(_error_response(request, exc))
 
     def _answered(self, response: pb.ClassifyResponse) -> None:
         if self._ended:
