@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import ssl
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -47,6 +49,11 @@ class Bounds:
     keep_alive: float = 5.0  # seconds an idle keep-alive connection stays open
     max_header_bytes: int = 64 * 1024  # request line and headers of one request
     max_connections: int = 2048  # open connections; past it new ones are closed at once
+    # Requests a client may send ahead of their answers (HTTP/1.1 pipelining): uvicorn parses
+    # every request it reads and queues the ones behind the one being answered, without bound.
+    max_pipelined: int = 64  # queued requests per connection; past it the connection is closed
+    max_pipelined_bytes: int = 8 * 1024 * 1024  # their heads and bodies, per connection
+    max_pipelined_total: int = 256 * 1024 * 1024  # the same, all connections of the process
 
 
 class _CoalescingTransport:
@@ -86,17 +93,16 @@ class _BoundedProtocol(HttpToolsProtocol):
     the head's size and on the connections held (`bounds` is set on a subclass per server)."""
 
     bounds: Bounds = Bounds()
-    refused: ClassVar[list[int]] = [0]  # connections closed at the limit (one per server)
+    queued_bytes: ClassVar[list[int]] = [0]  # pipelined requests' bytes held (one per server)
+    overflowed: ClassVar[list[int]] = [0]  # connections closed for pipelining too far ahead
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = _CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
         self._timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
-        if len(self.connections) > self.bounds.max_connections:
-            self.refused[0] += 1
-            transport.abort()  # no answer: answering costs what the limit is there to save
-            return
+        self._queued: deque[int] = deque()  # bytes of each queued request, as uvicorn's pipeline
+        self._overflow = False
         self._arm(self.bounds.header_timeout)
 
     def _arm(self, seconds: float) -> None:
@@ -135,19 +141,66 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._arm(self.bounds.body_timeout)
+        queued = len(self.pipeline)
         super().on_headers_complete()
+        if len(self.pipeline) > queued:  # it waits behind the request being answered
+            self._queued.appendleft(0)
+            self._hold(self._head_bytes)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self.pipeline and self.pipeline[0][0] is self.cycle:
+            self._hold(len(body))
+
+    def _hold(self, size: int) -> None:
+        """Account for a queued request's bytes; past a bound, stop parsing and close."""
+        self._queued[0] += size
+        self.queued_bytes[0] += size
+        bounds = self.bounds
+        if (
+            len(self._queued) > bounds.max_pipelined
+            or sum(self._queued) > bounds.max_pipelined_bytes
+            or self.queued_bytes[0] > bounds.max_pipelined_total
+        ):
+            self._overflow = True
+            # raised inside the parser's callback: the parser stops; send_400_response closes
+            raise ValueError("too many requests pipelined ahead of their answers")
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._overflow:
+            super().send_400_response(msg)
+            return
+        # No answer: a 400 now would be read as the answer to the request being served.
+        self.overflowed[0] += 1
+        logger.warning(
+            "HTTP: closed a connection from %s that sent more than %d requests (or %d bytes) "
+            "ahead of their answers",
+            self.client[0] if self.client else "?",
+            self.bounds.max_pipelined,
+            self.bounds.max_pipelined_bytes,
+        )
+        self.transport.abort()
 
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        queued = len(self.pipeline)
+        super().on_response_complete()
+        if len(self.pipeline) < queued:  # the oldest queued request is being answered now
+            self.queued_bytes[0] -= self._queued.pop()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.queued_bytes[0] -= sum(self._queued)
+        self._queued.clear()
         super().connection_lost(exc)
 
 
 def _protocol(bounds: Bounds) -> type[_BoundedProtocol]:
-    return type("BoundedProtocol", (_BoundedProtocol,), {"bounds": bounds, "refused": [0]})
+    counters = {"queued_bytes": [0], "overflowed": [0]}
+    return type("BoundedProtocol", (_BoundedProtocol,), {"bounds": bounds, **counters})
 
 
 def bind(host: str, port: int, *, reuse_port: bool, backlog: int = 2048) -> socket.socket:
@@ -163,6 +216,75 @@ def bind(host: str, port: int, *, reuse_port: bool, backlog: int = 2048) -> sock
         raise OSError(exc.errno, f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from exc
     sock.set_inheritable(False)
     return sock
+
+
+class _Listener(socket.socket):
+    """The listening socket: past `limit` connections held, a new one is closed at accept(),
+    before it costs a protocol, a task or a TLS handshake (asyncio calls the application's
+    protocol only once a handshake is done, so a limit counted there misses every connection
+    still handshaking). Connections count from accept() to their socket's close()."""
+
+    def __init__(self, sock: socket.socket, limit: int) -> None:
+        super().__init__(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        self.limit = limit
+        self.held = 0  # connections accepted and not yet closed
+        self.refused = 0  # connections closed at the limit
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        while True:  # BlockingIOError from _accept(): none left; asyncio waits for the next
+            fd, address = self._accept()  # type: ignore[attr-defined]
+            if self.held < self.limit:
+                self.held += 1
+                return _Connection(self, fd), address
+            self.refused += 1
+            os.close(fd)  # no answer: answering costs what the limit is there to save
+
+
+class _Connection(socket.socket):
+    """An accepted connection that gives its place back to the listener when closed."""
+
+    def __init__(self, listener: _Listener, fd: int) -> None:
+        super().__init__(listener.family, listener.type, listener.proto, fileno=fd)
+        self._listener: _Listener | None = listener
+
+    def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.held -= 1
+        super().close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server on given sockets, with a deadline for the TLS handshake (uvicorn leaves
+    asyncio's 60 s): a connection that never finishes one is held no longer than one that never
+    finishes its request head."""
+
+    handshake_timeout: float = 10.0
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.lifespan.startup()
+        config, loop = self.config, asyncio.get_running_loop()
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=_loop,
+            )
+
+        handshake = self.handshake_timeout if config.ssl else None
+        self.servers = [
+            await loop.create_server(
+                create_protocol,
+                sock=sock,
+                ssl=config.ssl,
+                backlog=config.backlog,
+                ssl_handshake_timeout=handshake,
+            )
+            for sock in sockets or ()
+        ]
+        self.started = True
 
 
 class HttpServer:
@@ -200,7 +322,8 @@ class HttpServer:
             timeout_keep_alive=int(max(1, bounds.keep_alive)),
             **kwargs,
         )
-        self._sock = bind(host, port, reuse_port=reuse_port)
+        self._sock = _Listener(bind(host, port, reuse_port=reuse_port), bounds.max_connections)
+        self._handshake_timeout = bounds.header_timeout
         self.port: int = self._sock.getsockname()[1]
         self._server: uvicorn.Server | None = None
         self._ticks: asyncio.Task[None] | None = None
@@ -211,6 +334,11 @@ class HttpServer:
         return "https" if self._config.is_ssl else "http"
 
     @property
+    def refused(self) -> int:
+        """Connections closed at once for being past the limit."""
+        return self._sock.refused
+
+    @property
     def connections(self) -> int:
         return 0 if self._server is None else len(self._server.server_state.connections)
 
@@ -218,7 +346,8 @@ class HttpServer:
         """Serve on the bound socket; returns the port."""
         config = self._config
         config.load()
-        server = uvicorn.Server(config)
+        server = _Server(config)
+        server.handshake_timeout = self._handshake_timeout
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[self._sock])
         self._server = server

@@ -6,7 +6,10 @@ a client without one (or with one of another CA) is refused while one with ours 
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ import requests
 from tests.certs import Pki, make_pki
 from tests.serving import RunningServer, running_server
 from textserve.connect import channel_credentials
-from textserve.service.config import SecurityConfig
+from textserve.service.config import HttpConfig, SecurityConfig
 
 TEXTS = ["a gripping film", "a dull plot"]
 
@@ -111,3 +114,31 @@ def test_with_tls_the_banner_and_the_ready_file_say_https(tiny_repository: Path,
         assert "--tls-ca CA.pem" in banner and "http://" not in banner
         page = requests.get(proc.metrics_url, verify=str(pki.ca_cert), timeout=10)
         assert page.status_code == 200 and "textserve_requests_total" in page.text
+
+
+def test_an_unfinished_tls_handshake_is_timed_and_counted(tiny_repository: Path, pki: Pki) -> None:
+    """A connection that never finishes its handshake is closed after the header timeout (not
+    asyncio's 60 s) and holds a place under --http-max-connections meanwhile: past the limit a
+    new connection is closed before its handshake costs anything."""
+    security = SecurityConfig(tls_cert=pki.server_cert, tls_key=pki.server_key)
+    http = HttpConfig(header_timeout=1.0, max_connections=20)
+    credentials = channel_credentials(pki.ca_cert)
+    with running_server(
+        tiny_repository, metrics_port=0, security=security, http=http, credentials=credentials
+    ) as srv:
+        port = srv.server.metrics_port or 0
+        with ExitStack() as stack:
+            silent = [
+                stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=10))
+                for _ in range(20)
+            ]  # TCP only: the server waits for a ClientHello
+            time.sleep(0.3)
+            with pytest.raises(requests.exceptions.ConnectionError):
+                requests.get(https(srv, "/healthz"), verify=str(pki.ca_cert), timeout=5)
+            started = time.monotonic()
+            for sock in silent:
+                sock.settimeout(5)
+                assert sock.recv(1024) == b""  # closed by the server
+            assert time.monotonic() - started < 3.0
+        response = requests.get(https(srv, "/healthz"), verify=str(pki.ca_cert), timeout=5)
+        assert response.status_code == 200
