@@ -10,9 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # The RPCs that are measured: the label `method` takes exactly these values.
-# HttpClassify (POST /v1/classify) and HttpInfer (KServe v2 REST infer) are the HTTP front
-# end's (service/http/routes.py).
-METHODS: tuple[str, ...] = ("Classify", "ClassifyStream", "ModelInfer", "HttpClassify", "HttpInfer")
+# HttpClassify (POST /v1/classify, TEI's /predict, vLLM's /classify), HttpInfer (KServe v2 REST
+# infer) and HttpRerank (TEI's /rerank, Cohere's and Jina's /v1|v2/rerank) are the HTTP front
+# end's (service/http/routes.py, compat.py).
+METHODS: tuple[str, ...] = (
+    "Classify",
+    "ClassifyStream",
+    "ModelInfer",
+    "HttpClassify",
+    "HttpInfer",
+    "HttpRerank",
+)
 
 # gRPC status code names (grpc.StatusCode.X.name); the label `code` takes exactly these values.
 CODES: tuple[str, ...] = (

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from textserve.service.http import routes
-from textserve.service.http.errors import error_body, json_error
-from textserve.service.http.messages import JSON, Request, Response, Route
+from textserve.service.http.errors import error_body, textserve_error
+from textserve.service.http.messages import JSON, ErrorShape, Request, Response, Route
 from textserve.service.metrics import READY_STATES, WARMING
 from textserve.service.tokens import TokenSet, bearer_token
 
@@ -112,10 +112,14 @@ class HttpApp:
             return  # lifespan is off; websockets are not served
         try:
             route, params = self._route(scope)
+        except Refused as refused:
+            await _send(send, _refusal(refused))
+            return
+        try:
             request = Request(scope, params)
             self._admit(route, request)
         except Refused as refused:
-            await _send(send, _refusal(refused))
+            await _send(send, _refusal(refused, route.errors))
             return
         if not route.inference:
             response = await self._answer(route, request, receive)
@@ -203,11 +207,12 @@ class HttpApp:
                 request.body = await _read_body(receive, self.limits.max_body_bytes)
             return await route.handler(self, request)
         except Refused as refused:
-            return _refusal(refused)
+            return _refusal(refused, route.errors)
         except ClientGone:  # nobody reads the answer (uvicorn drops it): not an error
             return Response(499, b"")
         except Exception as exc:  # the one place unexpected errors become 500
-            status, body = error_body(exc, f"HTTP {request.method} {route.handler.__name__}")
+            what = f"HTTP {request.method} {route.handler.__name__}"
+            status, body = error_body(exc, what, route.errors or textserve_error)
             return Response(status, body)
 
     def _note_refusal(self, path: str, problem: str) -> None:
@@ -248,12 +253,10 @@ async def _read_body(receive: Any, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-def _refusal(refused: Refused) -> Response:
+def _refusal(refused: Refused, shape: ErrorShape | None = None) -> Response:
+    shape = shape or textserve_error
     return Response(
-        refused.status,
-        json_error(str(refused), refused.code),
-        JSON,
-        refused.headers,
+        refused.status, shape(refused.status, str(refused), refused.code), JSON, refused.headers
     )
 
 

@@ -7,8 +7,12 @@ servicers/status.py (exception -> gRPC code), and the JSON body that says what w
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from textserve.service.dataplane.codes import code_name, log_unexpected, public_message
+
+if TYPE_CHECKING:
+    from textserve.service.http.messages import ErrorShape
 
 # gRPC code name -> HTTP status, as grpc-gateway and Google's APIs map them; 499 is the
 # client-closed-request status nginx logs (the client went away, nobody reads the answer).
@@ -41,8 +45,15 @@ def json_error(message: str, code: str) -> bytes:
     return json.dumps({"error": message, "code": code}).encode()
 
 
-def error_body(exc: BaseException, what: str) -> tuple[int, bytes]:
-    """(status, JSON body) for `exc` raised while serving `what`; logs the unexpected."""
+def textserve_error(status: int, message: str, code: str) -> bytes:
+    """textserve's own error shape (an ErrorShape): json_error's body."""
+    return json_error(message, code)
+
+
+def error_body(
+    exc: BaseException, what: str, shape: ErrorShape = textserve_error
+) -> tuple[int, bytes]:
+    """(status, body in `shape`) for `exc` raised while serving `what`; logs the unexpected."""
     log_unexpected(exc, what)
     status = http_status(exc)
-    return status, json_error(public_message(exc), code_name(exc))
+    return status, shape(status, public_message(exc), code_name(exc))

@@ -83,6 +83,8 @@ def text(status: int, body: str) -> Response:
 
 
 Handler = Callable[[AppView, Request], Awaitable[Response]]
+# An API's own error body: (HTTP status, message, the taxonomy's code name) -> bytes
+ErrorShape = Callable[[int, str, str], bytes]
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class Route:
     open: bool = False  # answered without a token (the probes)
     body: bool = False  # reads a request body (POST)
     inference: bool = False  # refused while draining; off with --http-port off
+    errors: ErrorShape | None = None  # None: textserve's {"error", "code"} (http/errors.py)
 
 
 def load_json(data: bytes) -> Any:
@@ -128,3 +131,16 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
             f"the request body must be a JSON object, got {type(document).__name__}"
         )
     return document
+
+
+def typed(document: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    """`document[name]` if it is a `kind` (int: non-negative, under 2**63), `default` when
+    absent or null; ValidationError naming the field otherwise."""
+    value = document.get(name, default)
+    if value is None:
+        return default
+    if kind is int and (type(value) is not int or value < 0 or value >= 2**63):
+        raise ValidationError(f"`{name}` must be a non-negative integer, got {value!r}")
+    if kind is not int and not isinstance(value, kind):
+        raise ValidationError(f"`{name}` must be a {kind.__name__}, got {type(value).__name__}")
+    return value

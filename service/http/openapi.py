@@ -55,7 +55,69 @@ _SUMMARIES = {
     "/v2/health/live": "KServe v2 server liveness",
     "/v2/health/ready": "KServe v2 server readiness",
     "/v2/models/stats": "Triton statistics of every ready model",
+    "/predict": "text-embeddings-inference predict: a text, a pair or a batch -> labels",
+    "/rerank": "text-embeddings-inference rerank: a query and texts -> ranks, most relevant first",
+    "/v1/rerank": "Cohere (v1) and Jina rerank: query, documents, top_n, return_documents",
+    "/v2/rerank": "Cohere (v2) rerank: query, documents, top_n",
+    "/classify": "vLLM classify: input -> each label's probability (OpenAI-style list)",
 }
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_BODIES: dict[str, dict[str, Any]] = {
+    "/predict": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "inputs": {
+                "description": "a text, a pair [text, text], or a batch of [text] or [text, text]",
+                "oneOf": [{"type": "string"}, _STRINGS, {"type": "array", "items": _STRINGS}],
+            },
+            "truncate": {"type": ["boolean", "null"]},
+            "truncation_direction": {"type": "string", "enum": ["Right", "right"]},
+            "raw_scores": {"type": "boolean"},
+        },
+    },
+    "/rerank": {
+        "type": "object",
+        "required": ["query", "texts"],
+        "properties": {
+            "query": {"type": "string"},
+            "texts": _STRINGS,
+            "truncate": {"type": ["boolean", "null"]},
+            "raw_scores": {"type": "boolean"},
+            "return_text": {"type": "boolean"},
+        },
+    },
+    "/v1/rerank": {
+        "type": "object",
+        "required": ["query", "documents"],
+        "properties": {
+            "model": {"type": "string"},
+            "query": {"type": "string"},
+            "documents": {
+                "type": "array",
+                "items": {
+                    "oneOf": [
+                        {"type": "string"},
+                        {"type": "object", "properties": {"text": {"type": "string"}}},
+                    ]
+                },
+            },
+            "top_n": {"type": "integer", "minimum": 0},
+            "return_documents": {"type": "boolean"},
+            "truncate": {"type": "boolean"},
+        },
+    },
+    "/classify": {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": {"oneOf": [{"type": "string"}, _STRINGS]},
+        },
+    },
+}
+_BODIES["/v2/rerank"] = _BODIES["/v1/rerank"]
+_BODIES["/v1/classify"] = _CLASSIFY_BODY
 _MODEL_SUMMARIES = {
     "": "KServe v2 model metadata",
     "/ready": "KServe v2 model readiness",
@@ -78,7 +140,7 @@ def _operation(summary: str, path: str, method: str, open_route: bool) -> dict[s
     if open_route:
         operation["security"] = []
     if method == "POST":
-        schema = _CLASSIFY_BODY if path == "/v1/classify" else {"type": "object"}
+        schema = _BODIES.get(path, {"type": "object"})
         operation["requestBody"] = {
             "required": True,
             "content": {"application/json": {"schema": schema}},

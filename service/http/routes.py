@@ -1,5 +1,5 @@
-"""The HTTP routes, an HTTP codec over the data plane: the probes, /metrics, KServe v2 REST and
-POST /v1/classify.
+"""The HTTP routes, an HTTP codec over the data plane: the probes, /metrics, KServe v2 REST,
+POST /v1/classify, and the field's APIs (compat.py: TEI, Cohere/Jina, vLLM).
 
 Each handler takes (app, request), decodes it, calls the data plane (dataplane.classify,
 dataplane.oip) and encodes its answer as a Response; errors are the taxonomy's exceptions,
@@ -24,6 +24,7 @@ from textserve.service.dataplane import oip
 from textserve.service.dataplane.classify import Classification, ClassifyCall, v1_response
 from textserve.service.dataplane.classify import classify as classify_call_op
 from textserve.service.errors import ValidationError
+from textserve.service.http import compat
 from textserve.service.http.jsonify import to_json
 from textserve.service.http.messages import (
     AppView,
@@ -32,6 +33,7 @@ from textserve.service.http.messages import (
     Route,
     parse_json_object,
     text,
+    typed,
     unicode_text,
 )
 from textserve.service.http.openapi import document
@@ -173,17 +175,6 @@ async def infer(app: AppView, request: Request) -> Response:
     return Response(200, body)
 
 
-def _typed(document: dict[str, Any], name: str, kind: type, default: Any) -> Any:
-    value = document.get(name, default)
-    if value is None:
-        return default
-    if kind is int and (type(value) is not int or value < 0 or value >= 2**63):
-        raise ValidationError(f"`{name}` must be a non-negative integer, got {value!r}")
-    if kind is not int and not isinstance(value, kind):
-        raise ValidationError(f"`{name}` must be a {kind.__name__}, got {type(value).__name__}")
-    return value
-
-
 def classify_call(document: dict[str, Any]) -> ClassifyCall:
     """A /v1/classify body as the data plane's call (the fields of textserve.v1's
     ClassifyRequest, snake_case). Also takes the shape Hugging Face clients send:
@@ -193,7 +184,7 @@ def classify_call(document: dict[str, Any]) -> ClassifyCall:
     if texts is None and "inputs" in document:
         texts = document["inputs"]
         texts = [texts] if isinstance(texts, str) else texts
-        options = {**document, **_typed(document, "parameters", dict, {})}
+        options = {**document, **typed(document, "parameters", dict, {})}
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise ValidationError("`texts` must be a list of strings")
     for index, one in enumerate(texts):
@@ -213,13 +204,13 @@ def classify_call(document: dict[str, Any]) -> ClassifyCall:
     return ClassifyCall(
         texts,
         pairs,
-        model=unicode_text(_typed(options, "model", str, ""), "`model`"),
-        version=_typed(options, "version", int, 0),
-        truncate=_typed(options, "truncate", bool, None),
+        model=unicode_text(typed(options, "model", str, ""), "`model`"),
+        version=typed(options, "version", int, 0),
+        truncate=typed(options, "truncate", bool, None),
         threshold=threshold,
-        top_k=min(_typed(options, "top_k", int, 0), 2**31 - 1),
-        all_scores=_typed(options, "all_scores", bool, False),
-        id=unicode_text(_typed(options, "id", str, ""), "`id`"),
+        top_k=min(typed(options, "top_k", int, 0), 2**31 - 1),
+        all_scores=typed(options, "all_scores", bool, False),
+        id=unicode_text(typed(options, "id", str, ""), "`id`"),
     )
 
 
@@ -270,6 +261,7 @@ FIXED: dict[str, Methods] = {
     "/v2/health/ready": {"GET": Route(server_ready, open=True)},
     "/v2/models/stats": {"GET": Route(model_stats)},
     "/v1/classify": {"POST": Route(classify, body=True, inference=True)},
+    **compat.ROUTES,  # TEI, Cohere/Jina and vLLM shapes over the same data plane
 }
 # /v2/models/{model}[/versions/{version}]{tail}
 MODEL_ROUTES: dict[str, Methods] = {

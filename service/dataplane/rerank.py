@@ -1,0 +1,115 @@
+"""Rerank, transport-neutral: a query and its documents scored by a cross-encoder, best first.
+
+    call = RerankCall("what is deep learning?", ["Deep learning is ...", "Paris is ..."])
+    body = await rerank(ctx, call, encode, method="HttpRerank", deadline=d, context=c)
+
+A rerank is a classify of the sentence pairs (query, document): the same prologue, batches,
+cache and metrics as every other text (`classify.classify`), so a document scores the same
+whichever route asked. What is rerank's own is which score is the relevance: a cross-encoder
+with one output (sentence-transformers' CrossEncoder, TEI's rerankers) is scored by that
+output; one with two labels by its second (the "relevant" class of a binary fine-tune). The
+codecs (TEI /rerank, Cohere/Jina /v1/rerank and /v2/rerank) encode the `Ranking`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+import numpy as np
+
+from textserve.service.dataplane.classify import Classification, ClassifyCall, classify
+from textserve.service.errors import ValidationError
+
+if TYPE_CHECKING:
+    from textserve.service.dataplane.context import ServingContext
+    from textserve.service.engine.handle import ModelHandle
+
+T = TypeVar("T")
+
+
+class RerankCall(NamedTuple):
+    query: str
+    documents: Sequence[str]
+    model: str = ""  # "": the default model
+    version: int | str | None = None
+    truncate: bool | None = None  # None: the default (cut to the model's length)
+    top_n: int = 0  # the n most relevant documents; 0: all of them
+    raw_scores: bool = False  # the model's score before its activation (a logit)
+
+
+class Ranking(NamedTuple):
+    call: RerankCall
+    handle: ModelHandle
+    order: list[int]  # document indexes, most relevant first, top_n of them
+    scores: list[float]  # per document (input order)
+    num_tokens: list[int]  # per document: tokens of its (query, document) pair
+
+
+def relevance_column(handle: ModelHandle) -> int:
+    """Which of the model's scores is a document's relevance; ValidationError for a model that
+    is no cross-encoder (one score, or two labels)."""
+    labels = len(handle.labels)
+    if labels == 1:
+        return 0
+    if labels == 2:
+        return 1
+    raise ValidationError(
+        f"model {handle.name!r} has {labels} labels: rerank needs a cross-encoder with one "
+        "score (one label) or a binary classifier (two labels, the second one relevant)"
+    )
+
+
+def raw(scores: np.ndarray, activation: str) -> np.ndarray:
+    """The logits behind a column of scores: sigmoid's inverse; softmax over two labels is the
+    sigmoid of their difference, so the same inverse gives that difference; 'none' is raw."""
+    if activation == "none":
+        return scores
+    clipped = np.clip(scores.astype(np.float64), 1e-12, 1 - 1e-12)
+    return np.log(clipped / (1 - clipped))
+
+
+async def rerank(
+    ctx: ServingContext,
+    call: RerankCall,
+    encode: Callable[[Ranking], T],
+    *,
+    method: str,
+    deadline: float | None,
+    context: Any = None,
+) -> T:
+    """Score each (query, document) pair and return `encode(ranking)`; observed as `method`.
+    Raises the taxonomy of service/errors.py, as classify does."""
+    if not call.documents:
+        raise ValidationError("rerank needs at least one document")
+    pairs = ClassifyCall(
+        [call.query] * len(call.documents),
+        call.documents,
+        model=call.model,
+        version=call.version,
+        truncate=call.truncate,
+    )
+    return await classify(
+        ctx,
+        pairs,
+        lambda answer: encode(ranking(call, answer)),
+        method=method,
+        deadline=deadline,
+        context=context,
+    )
+
+
+def ranking(call: RerankCall, answer: Classification) -> Ranking:
+    handle = answer.handle
+    column = answer.result.probabilities[:, relevance_column(handle)]
+    scores = raw(column, handle.manifest.activation) if call.raw_scores else column
+    order = np.argsort(-column, kind="stable")
+    if call.top_n:
+        order = order[: call.top_n]
+    return Ranking(
+        call,
+        handle,
+        order.tolist(),
+        scores.astype(np.float64).tolist(),
+        answer.result.num_tokens.tolist(),
+    )

@@ -1,0 +1,320 @@
+"""The field's HTTP APIs, each a codec over the data plane: what gateways and frameworks already
+speak (LangChain, LlamaIndex, litellm, Hugging Face's InferenceClient, the Cohere SDK) reaches a
+textserve model without an adapter.
+
+    POST /predict       text-embeddings-inference (TEI): a text, a pair or a batch -> labels
+    POST /rerank        TEI: a query and texts -> ranks
+    POST /v1/rerank     Cohere (v1) and Jina: a query and documents -> results, top_n
+    POST /v2/rerank     Cohere (v2): the same
+    POST /classify      vLLM / OpenAI style: `input` -> `data` with each label's probability
+
+Each decodes its request into the data plane's call (ClassifyCall, RerankCall), so a text
+scores, batches, caches and counts exactly as it does on /v1/classify and over gRPC, and
+encodes the answer and every error in its own API's shape (`Route.errors`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from textserve.service.dataplane.classify import Classification, ClassifyCall
+from textserve.service.dataplane.classify import classify as classify_op
+from textserve.service.dataplane.rerank import Ranking, RerankCall, raw, rerank
+from textserve.service.errors import ValidationError
+from textserve.service.http.messages import (
+    AppView,
+    Request,
+    Response,
+    Route,
+    parse_json_object,
+    typed,
+    unicode_text,
+)
+
+CLASSIFY = "HttpClassify"  # the `method` label of the metrics
+RERANK = "HttpRerank"
+
+
+def _json(document: Any) -> Response:
+    return Response(200, json.dumps(document, separators=(",", ":")).encode())
+
+
+# -- decoding helpers -----------------------------------------------------------------------------
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(f"{where} must be a string, got {type(value).__name__}")
+    return unicode_text(value, where)
+
+
+def _model(document: dict[str, Any]) -> str:
+    """The request's `model` ("" or absent: the default model; TEI's routes take it too)."""
+    return _text(typed(document, "model", str, ""), "`model`")
+
+
+def _right_only(document: dict[str, Any]) -> None:
+    direction = document.get("truncation_direction")
+    if direction is not None and str(direction).lower() != "right":
+        raise ValidationError(
+            f"`truncation_direction` {direction!r} is not supported: textserve cuts a text "
+            "that is too long on the right"
+        )
+
+
+def _raw_scores(probabilities: np.ndarray, activation: str) -> np.ndarray:
+    """A model's scores before its activation, as far as they can be known from after it:
+    sigmoid's and 'none' exactly; softmax's up to the constant softmax discards (the log of
+    the probabilities, logits whose log-sum-exp is 0)."""
+    if activation == "softmax":
+        return np.log(np.clip(probabilities.astype(np.float64), 1e-45, None))
+    return raw(probabilities, activation)
+
+
+# -- text-embeddings-inference --------------------------------------------------------------------
+
+TEI_ERROR_TYPES = {
+    "RESOURCE_EXHAUSTED": "Overloaded",
+    "DEADLINE_EXCEEDED": "Overloaded",
+    "UNAVAILABLE": "Unhealthy",
+    "INTERNAL": "Backend",
+    "UNKNOWN": "Backend",
+}
+
+
+def tei_error(status: int, message: str, code: str) -> bytes:
+    """TEI's error body: {"error": ..., "error_type": Validation | Overloaded | ...}."""
+    kind = TEI_ERROR_TYPES.get(code, "Validation" if status < 500 else "Backend")
+    return json.dumps({"error": message, "error_type": kind}).encode()
+
+
+def tei_inputs(inputs: Any) -> tuple[list[str], list[str] | None, bool]:
+    """TEI's `inputs`: a text, a pair [a, b], or a batch of [a] and [a, b] -> (texts, pairs or
+    None, whether it was a batch). A batch that mixes single texts and pairs is refused: each
+    kind is one batch of the model's (send them in two requests)."""
+    if isinstance(inputs, str):
+        return [_text(inputs, "`inputs`")], None, False
+    if not isinstance(inputs, list) or not inputs:
+        raise ValidationError("`inputs` must be a text, a pair of texts or a non-empty batch")
+    if all(isinstance(one, str) for one in inputs):
+        if len(inputs) != 2:
+            raise ValidationError(
+                "`inputs` as a list of texts is a pair and takes two; a batch is a list of "
+                '[text] or [text, text] lists: {"inputs": [["a"], ["b"]]}'
+            )
+        return [_text(inputs[0], "`inputs[0]`")], [_text(inputs[1], "`inputs[1]`")], False
+    texts: list[str] = []
+    seconds: list[str] = []
+    for index, one in enumerate(inputs):
+        if not isinstance(one, list) or len(one) not in (1, 2):
+            raise ValidationError(f"`inputs[{index}]` must be [text] or [text, text]")
+        texts.append(_text(one[0], f"`inputs[{index}][0]`"))
+        if len(one) == 2:
+            seconds.append(_text(one[1], f"`inputs[{index}][1]`"))
+    if seconds and len(seconds) != len(texts):
+        raise ValidationError(
+            "a batch that mixes single texts and pairs is not supported: send each in a request"
+        )
+    return texts, seconds or None, True
+
+
+async def tei_predict(app: AppView, request: Request) -> Response:
+    """POST /predict: every label with its score, best first, per input."""
+    document = parse_json_object(request.body)
+    if "inputs" not in document:
+        raise ValidationError("`inputs` is missing")
+    texts, pairs, batch = tei_inputs(document["inputs"])
+    _right_only(document)
+    raw_scores = typed(document, "raw_scores", bool, False)
+    call = ClassifyCall(
+        texts,
+        pairs,
+        model=_model(document),
+        truncate=typed(document, "truncate", bool, None),
+    )
+
+    def encode(answer: Classification) -> Response:
+        probs = answer.result.probabilities
+        scores = _raw_scores(probs, answer.handle.manifest.activation) if raw_scores else probs
+        order = np.argsort(-probs, axis=1, kind="stable").tolist()
+        labels, rows = answer.handle.labels, scores.astype(np.float64).tolist()
+        out = [
+            [{"score": row[j], "label": labels[j]} for j in best]
+            for best, row in zip(order, rows, strict=True)
+        ]
+        return _json(out if batch else out[0])
+
+    return await classify_op(
+        app.ctx, call, encode, method=CLASSIFY, deadline=request.deadline, context=request
+    )
+
+
+def _texts(value: Any, name: str) -> list[str]:
+    if not isinstance(value, list):
+        raise ValidationError(f"`{name}` must be a list of strings")
+    return [_text(one, f"`{name}[{i}]`") for i, one in enumerate(value)]
+
+
+async def tei_rerank(app: AppView, request: Request) -> Response:
+    """POST /rerank: each text's relevance to the query, most relevant first."""
+    document = parse_json_object(request.body)
+    _right_only(document)
+    texts = _texts(document.get("texts"), "texts")
+    call = RerankCall(
+        _text(document.get("query"), "`query`"),
+        texts,
+        model=_model(document),
+        truncate=typed(document, "truncate", bool, None),
+        raw_scores=typed(document, "raw_scores", bool, False),
+    )
+    return_text = typed(document, "return_text", bool, False)
+
+    def encode(ranking: Ranking) -> Response:
+        ranks = []
+        for i in ranking.order:
+            rank: dict[str, Any] = {"index": i, "score": ranking.scores[i]}
+            if return_text:
+                rank["text"] = texts[i]
+            ranks.append(rank)
+        return _json(ranks)
+
+    return await rerank(
+        app.ctx, call, encode, method=RERANK, deadline=request.deadline, context=request
+    )
+
+
+# -- Cohere and Jina ------------------------------------------------------------------------------
+
+
+def cohere_error(status: int, message: str, code: str) -> bytes:
+    """Cohere's error body {"message"}, with Jina's {"detail"} beside it."""
+    return json.dumps({"message": message, "detail": message}).encode()
+
+
+def _documents(value: Any) -> list[str]:
+    """Cohere's and Jina's `documents`: strings or {"text": ...} objects."""
+    if not isinstance(value, list):
+        raise ValidationError('`documents` must be a list of strings or {"text": ...} objects')
+    out = []
+    for index, one in enumerate(value):
+        if isinstance(one, dict):
+            one = one.get("text")
+        out.append(_text(one, f"`documents[{index}]` (or its `text`)"))
+    return out
+
+
+async def cohere_rerank(app: AppView, request: Request) -> Response:
+    """POST /v1/rerank and /v2/rerank: Cohere's and Jina's rerank."""
+    document = parse_json_object(request.body)
+    documents = _documents(document.get("documents"))
+    if document.get("max_tokens_per_doc") is not None:
+        raise ValidationError(
+            "`max_tokens_per_doc` is not supported: a document is cut to the model's length "
+            "(or refused with truncate=false)"
+        )
+    call = RerankCall(
+        _text(document.get("query"), "`query`"),
+        documents,
+        model=_model(document),
+        truncate=typed(document, "truncate", bool, None),
+        top_n=typed(document, "top_n", int, 0),
+    )
+    return_documents = typed(document, "return_documents", bool, False)
+
+    def encode(ranking: Ranking) -> Response:
+        results = []
+        for i in ranking.order:
+            result: dict[str, Any] = {"index": i, "relevance_score": ranking.scores[i]}
+            if return_documents:
+                result["document"] = {"text": documents[i]}
+            results.append(result)
+        return _json(
+            {
+                "id": str(uuid.uuid4()),
+                "model": ranking.handle.name,
+                "results": results,
+                "meta": {"billed_units": {"search_units": 1}},
+                "usage": {"total_tokens": sum(ranking.num_tokens)},
+            }
+        )
+
+    return await rerank(
+        app.ctx, call, encode, method=RERANK, deadline=request.deadline, context=request
+    )
+
+
+# -- vLLM / OpenAI style --------------------------------------------------------------------------
+
+OPENAI_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    413: "BadRequestError",
+    429: "RateLimitError",
+    503: "ServiceUnavailableError",
+    504: "TimeoutError",
+}
+
+
+def openai_error(status: int, message: str, code: str) -> bytes:
+    """OpenAI's (and vLLM's) error body: {"error": {"message", "type", "param", "code"}}."""
+    kind = OPENAI_ERROR_TYPES.get(status, "InternalServerError")
+    error = {"message": message, "type": kind, "param": None, "code": status}
+    return json.dumps({"error": error}).encode()
+
+
+async def vllm_classify(app: AppView, request: Request) -> Response:
+    """POST /classify: vLLM's classification API (`model`, `input`)."""
+    document = parse_json_object(request.body)
+    inputs = document.get("input")
+    single = isinstance(inputs, str)
+    texts = [_text(inputs, "`input`")] if single else _texts(inputs, "input")
+    if document.get("truncate_prompt_tokens") is not None:
+        raise ValidationError(
+            "`truncate_prompt_tokens` is not supported: a text is cut to the model's length"
+        )
+    call = ClassifyCall(texts, model=_model(document))
+
+    def encode(answer: Classification) -> Response:
+        probs = answer.result.probabilities
+        labels = answer.handle.labels
+        best = probs.argmax(axis=1).tolist()
+        tokens = int(answer.result.num_tokens.sum())
+        data = [
+            {"index": i, "label": labels[b], "probs": row, "num_classes": len(labels)}
+            for i, (b, row) in enumerate(zip(best, probs.astype(np.float64).tolist(), strict=True))
+        ]
+        return _json(
+            {
+                "id": f"classify-{uuid.uuid4().hex}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": answer.handle.name,
+                "data": data,
+                "usage": {
+                    "prompt_tokens": tokens,
+                    "total_tokens": tokens,
+                    "completion_tokens": 0,
+                    "prompt_tokens_details": None,
+                },
+            }
+        )
+
+    return await classify_op(
+        app.ctx, call, encode, method=CLASSIFY, deadline=request.deadline, context=request
+    )
+
+
+ROUTES: dict[str, dict[str, Route]] = {
+    "/predict": {"POST": Route(tei_predict, body=True, inference=True, errors=tei_error)},
+    "/rerank": {"POST": Route(tei_rerank, body=True, inference=True, errors=tei_error)},
+    "/v1/rerank": {"POST": Route(cohere_rerank, body=True, inference=True, errors=cohere_error)},
+    "/v2/rerank": {"POST": Route(cohere_rerank, body=True, inference=True, errors=cohere_error)},
+    "/classify": {"POST": Route(vllm_classify, body=True, inference=True, errors=openai_error)},
+}
