@@ -6,7 +6,8 @@ What the manifest needs is derived as transformers and text-embeddings-inference
 labels from id2label (LABEL_i where missing), the activation from problem_type, max_length from
 max_position_embeddings less the position offset (RoBERTa-family: pad_token_id + 1), capped by
 tokenizer_config.json's model_max_length and --max-length; graph inputs in forward()'s order.
-Remote code runs only with --trust-remote-code.
+Remote code runs only with --trust-remote-code. A checkpoint must hold every weight the model
+needs, of its shape, and nothing else (transformers would fill a gap with random values).
 """
 
 from __future__ import annotations
@@ -176,6 +177,80 @@ def max_length(config: Any, tokenizer_max: Any, cap: int | None, folder: Path) -
     return length
 
 
+def check_loading(folder: Path, model: Any, info: dict[str, Any]) -> None:
+    """ExportError unless the checkpoint gave the model every weight it needs, each of its
+    shape, and nothing else. from_pretrained fills a missing or mis-shaped weight with random
+    values (every parity check then compares against that same random model, and each export
+    publishes another one) and drops a weight it has no place for (a renamed head).
+
+        model, info = auto.from_pretrained(folder, output_loading_info=True,
+                                           ignore_mismatched_sizes=True)
+        check_loading(folder, model, info)
+
+    transformers has already struck from `info` the tied weights it filled from their source
+    and the keys the model class declares ignorable (old checkpoints' position_ids).
+    """
+    _check_shapes(folder, info.get("mismatched_keys") or ())
+    missing = sorted(info.get("missing_keys") or ())
+    # a key naming one of the model's non-persistent buffers (an old checkpoint's
+    # token_type_ids) is rebuilt by the model itself, not drawn at random: harmless
+    buffers = {name for name, _ in model.named_buffers()}
+    unexpected = sorted(set(info.get("unexpected_keys") or ()) - buffers)
+    problems = []
+    if missing:
+        problems.append(
+            f"lacks {_weights(len(missing))} the model needs ({_names(missing)}), which "
+            "transformers would fill with random values"
+        )
+    if unexpected:
+        problems.append(
+            f"holds {_weights(len(unexpected))} the model has no place for ({_names(unexpected)}), "
+            "which transformers would drop"
+        )
+    if problems:
+        raise ExportError(
+            f"{folder}: the checkpoint {', and '.join(problems)}: refusing (save_pretrained the "
+            "fine-tuned model with its config.json)"
+        )
+    errors = info.get("error_msgs") or []
+    if errors:
+        raise ExportError(f"{folder}: transformers cannot load the weights: {_first(errors[0])}")
+
+
+# how many key names a refusal lists: enough to tell a lost head from a lost layer
+_NAMED_KEYS = 3
+
+
+def _check_shapes(folder: Path, mismatched: Any) -> None:
+    """Refuse weights of another shape than the model's; a classifier of another width is
+    config.json's labels disagreeing with the checkpoint, and said so."""
+    found = sorted((key, list(saved), list(wanted)) for key, saved, wanted in mismatched)
+    for key, saved, wanted in found:
+        if key in ("classifier.weight", "classifier.out_proj.weight") and saved[0] != wanted[0]:
+            raise ExportError(
+                f"{folder}/config.json's id2label has {wanted[0]} labels, the classifier gives "
+                f"{saved[0]} logits"
+            )
+    if found:
+        key, saved, wanted = found[0]
+        others = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise ExportError(
+            f"{folder}: the checkpoint's {key} is {saved}, config.json's model needs {wanted}"
+            f"{others}; transformers would fill {'them' if others else 'it'} with random values: "
+            "refusing"
+        )
+
+
+def _weights(count: int) -> str:
+    return f"{count} weight{'s' if count != 1 else ''}"
+
+
+def _names(keys: list[str]) -> str:
+    if len(keys) <= _NAMED_KEYS + 1:
+        return ", ".join(keys)
+    return ", ".join(keys[:_NAMED_KEYS]) + f", ... {len(keys) - _NAMED_KEYS} more"
+
+
 def _import_transformers() -> Any:
     try:
         import transformers
@@ -223,13 +298,17 @@ def _load_model(transformers: Any, folder: Path, config: Any, opts: ExportOption
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            # eager attention: the one every architecture exports through torch.onnx as traced
-            model = auto.from_pretrained(
+            model, info = auto.from_pretrained(
                 folder,
                 config=config,
                 trust_remote_code=opts.trust_remote_code,
                 local_files_only=True,
+                # eager attention: the one every architecture exports through torch.onnx as traced
                 attn_implementation="eager",
+                # a weight of the wrong shape comes back in the loading info, refused by name
+                # below, instead of as an error pointing at a report we silenced
+                ignore_mismatched_sizes=True,
+                output_loading_info=True,
             )
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):
@@ -239,13 +318,8 @@ def _load_model(transformers: Any, folder: Path, config: Any, opts: ExportOption
             ) from None
         raise ExportError(f"{folder}: transformers cannot load the model: {_first(exc)}") from None
     except (RuntimeError, OSError) as exc:
-        width = _classifier_width(folder)
-        if width is not None and width != config.num_labels:
-            raise ExportError(
-                f"{folder}/config.json's id2label has {config.num_labels} labels, the classifier "
-                f"gives {width} logits"
-            ) from None
         raise ExportError(f"{folder}: transformers cannot load the model: {_first(exc)}") from None
+    check_loading(folder, model, info)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     return model.eval()
@@ -286,21 +360,6 @@ def _logits_width(model: Any) -> int | None:
     with torch.inference_mode():
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     return int(logits.shape[-1])
-
-
-def _classifier_width(folder: Path) -> int | None:
-    """The width of the checkpoint's last classifier layer (model.safetensors), if it has one
-    by the usual names (BERT-style classifier.weight, RoBERTa-style classifier.out_proj.weight)."""
-    path = folder / "model.safetensors"
-    if not path.is_file():
-        return None
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as weights:
-        for name in ("classifier.out_proj.weight", "classifier.weight"):
-            if name in weights.keys():  # noqa: SIM118 (safe_open has keys(), no __contains__)
-                return int(weights.get_slice(name).get_shape()[0])
-    return None
 
 
 def _attention_shape(config: Any) -> tuple[int, int]:

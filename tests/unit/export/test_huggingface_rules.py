@@ -1,4 +1,5 @@
-"""What a Hugging Face config becomes in the manifest: max_length, activation, graph inputs."""
+"""What a Hugging Face config becomes in the manifest: max_length, activation, graph inputs;
+which loading reports from_pretrained gives are refused."""
 
 from __future__ import annotations
 
@@ -70,3 +71,44 @@ def test_graph_inputs_follow_forward_and_the_type_vocabulary() -> None:
     assert hf.graph_inputs(bert, 2) == ["input_ids", "attention_mask", "token_type_ids"]
     assert hf.graph_inputs(bert, 1) == ["input_ids", "attention_mask"]  # RoBERTa: one type
     assert hf.graph_inputs(odd, 2) == ["input_ids", "token_type_ids", "attention_mask"]
+
+
+class Loaded:
+    """What check_loading asks of a model: its buffers' names."""
+
+    def named_buffers(self) -> list[tuple[str, None]]:
+        return [("bert.embeddings.token_type_ids", None)]
+
+
+def info(**kw: object) -> dict[str, object]:
+    return {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(),
+            "error_msgs": [], **kw}  # fmt: skip
+
+
+def test_a_complete_load_and_a_saved_buffer_pass() -> None:
+    hf.check_loading(HERE, Loaded(), info())
+    hf.check_loading(HERE, Loaded(), info(unexpected_keys={"bert.embeddings.token_type_ids"}))
+
+
+@pytest.mark.parametrize(
+    ("report", "message"),
+    [
+        (info(missing_keys={"k3", "k1", "k2", "k0"}), "lacks 4 weights the model needs (k0, k1, "
+         "k2, k3), which transformers would fill with random values: refusing"),
+        (info(missing_keys={f"k{i}" for i in range(6)}), "(k0, k1, k2, ... 3 more)"),
+        (info(unexpected_keys={"head.weight"}), "holds 1 weight the model has no place for "
+         "(head.weight), which transformers would drop: refusing"),
+        (info(mismatched_keys={("a.weight", (4, 3), (4, 4)), ("b.weight", (2,), (3,))}),
+         "a.weight is [4, 3], config.json's model needs [4, 4] (and 1 more); transformers "
+         "would fill them with random values"),
+        (info(mismatched_keys={("classifier.weight", (2, 8), (3, 8))}),
+         "config.json's id2label has 3 labels, the classifier gives 2 logits"),
+        (info(error_msgs=["size mismatch\nfor x"]), "cannot load the weights: size mismatch"),
+    ],
+)  # fmt: skip
+def test_an_incomplete_load_is_refused_naming_the_weights(
+    report: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ExportError) as refused:
+        hf.check_loading(HERE, Loaded(), report)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
