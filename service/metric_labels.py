@@ -17,6 +17,7 @@ METHODS: tuple[str, ...] = (
     "Classify",
     "ClassifyStream",
     "ModelInfer",
+    "Rerank",
     "HttpClassify",
     "HttpInfer",
     "HttpRerank",

@@ -120,6 +120,34 @@ def _request(
     return request
 
 
+def _rerank_request(
+    query: str,
+    documents: Sequence[str],
+    model: str | None,
+    version: int | None,
+    truncate: bool | None,
+    top_n: int,
+    raw_scores: bool,
+    return_documents: bool,
+    request_id: str,
+) -> pb.RerankRequest:
+    if isinstance(documents, str):
+        raise TypeError("documents must be a sequence of strings, not one string")
+    request = pb.RerankRequest(
+        id=request_id,
+        query=query,
+        documents=list(documents),
+        model=model or "",
+        version=version or 0,
+        top_n=top_n,
+        raw_scores=raw_scores,
+        return_documents=return_documents,
+    )
+    if truncate is not None:
+        request.truncate = truncate
+    return request
+
+
 def _traced(metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
     """`metadata` plus the caller's W3C trace context (traceparent), when it has a current
     span. A process that never imported opentelemetry has none: nothing is imported then."""
@@ -300,6 +328,28 @@ class Client(BlockingClient):
             for reader in readers:
                 reader.join()
 
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        truncate: bool | None = None,
+        top_n: int = 0,
+        raw_scores: bool = False,
+        return_documents: bool = False,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> pb.RerankResponse:
+        """`documents` ordered by relevance to `query` (a cross-encoder model): results, most
+        relevant first, each with its index, score and (return_documents) text."""
+        request = _rerank_request(
+            query, documents, model, version, truncate, top_n, raw_scores, return_documents,
+            request_id,
+        )  # fmt: skip
+        return self._call(self._next().Rerank, request, timeout)
+
     def list_models(self) -> pb.ListModelsResponse:
         return self._call(self.stub.ListModels, pb.ListModelsRequest())
 
@@ -362,6 +412,32 @@ class AsyncClient:
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
         return to_result(response)
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        truncate: bool | None = None,
+        top_n: int = 0,
+        raw_scores: bool = False,
+        return_documents: bool = False,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> pb.RerankResponse:
+        """As Client.rerank."""
+        request = _rerank_request(
+            query, documents, model, version, truncate, top_n, raw_scores, return_documents,
+            request_id,
+        )  # fmt: skip
+        try:
+            return await self._next().Rerank(
+                request, timeout=timeout or self.timeout, metadata=_traced(self._metadata)
+            )
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
 
     async def list_models(self) -> pb.ListModelsResponse:
         return await self._call(self.stub.ListModels, pb.ListModelsRequest())

@@ -24,7 +24,7 @@ from textserve.v1 import classifier_pb2 as pb
 
 if TYPE_CHECKING:
     from textserve.service.dataplane.context import ServingContext
-    from textserve.service.engine.handle import ClassifyResult, ModelHandle
+    from textserve.service.engine.handle import ClassifyResult, ModelHandle, Timings
 
 T = TypeVar("T")
 
@@ -126,13 +126,13 @@ def v1_response(answer: Classification) -> pb.ClassifyResponse:
                 text.scores.extend(rows[i])
     if call.all_scores:
         response.labels.extend(labels)
-    _timing(response, result)
+    timing(response.timing, result.timings)
     return response
 
 
-def _timing(response: pb.ClassifyResponse, result: ClassifyResult) -> None:
-    timings, timing = result.timings, response.timing
-    timing.queue_seconds = timings.queue_seconds
-    timing.tokenize_seconds = timings.tokenize_seconds
-    timing.inference_seconds = timings.inference_seconds
-    timing.total_seconds = timings.total_seconds
+def timing(message: pb.Timing, timings: Timings) -> None:
+    """Fill a textserve.v1 Timing message in place from a result's timings."""
+    message.queue_seconds = timings.queue_seconds
+    message.tokenize_seconds = timings.tokenize_seconds
+    message.inference_seconds = timings.inference_seconds
+    message.total_seconds = timings.total_seconds

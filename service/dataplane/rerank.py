@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from textserve.service.dataplane.classify import Classification, ClassifyCall, classify
+from textserve.service.dataplane.classify import Classification, ClassifyCall, classify, timing
 from textserve.service.errors import ValidationError
+from textserve.v1 import classifier_pb2 as pb
 
 if TYPE_CHECKING:
     from textserve.service.dataplane.context import ServingContext
-    from textserve.service.engine.handle import ModelHandle
+    from textserve.service.engine.handle import ModelHandle, Timings
 
 T = TypeVar("T")
 
@@ -36,6 +37,8 @@ class RerankCall(NamedTuple):
     truncate: bool | None = None  # None: the default (cut to the model's length)
     top_n: int = 0  # the n most relevant documents; 0: all of them
     raw_scores: bool = False  # the model's score before its activation (a logit)
+    return_documents: bool = False  # the answer carries each ranked document's text
+    id: str = ""  # echoed in the answer
 
 
 class Ranking(NamedTuple):
@@ -44,6 +47,7 @@ class Ranking(NamedTuple):
     order: list[int]  # document indexes, most relevant first, top_n of them
     scores: list[float]  # per document (input order)
     num_tokens: list[int]  # per document: tokens of its (query, document) pair
+    timings: Timings
 
 
 def relevance_column(handle: ModelHandle) -> int:
@@ -112,4 +116,18 @@ def ranking(call: RerankCall, answer: Classification) -> Ranking:
         order.tolist(),
         scores.astype(np.float64).tolist(),
         answer.result.num_tokens.tolist(),
+        answer.result.timings,
     )
+
+
+def v1_rerank_response(ranking: Ranking) -> pb.RerankResponse:
+    """The textserve.v1 RerankResponse of a ranking (what the gRPC Rerank sends)."""
+    call, handle = ranking.call, ranking.handle
+    response = pb.RerankResponse(id=call.id, model=handle.name, model_version=handle.version)
+    add = response.results.add
+    for i in ranking.order:
+        ranked = add(index=i, score=ranking.scores[i], num_tokens=ranking.num_tokens[i])
+        if call.return_documents:
+            ranked.document = call.documents[i]
+    timing(response.timing, ranking.timings)
+    return response

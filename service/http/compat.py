@@ -171,14 +171,14 @@ async def tei_rerank(app: AppView, request: Request) -> Response:
         model=_model(document),
         truncate=typed(document, "truncate", bool, None),
         raw_scores=typed(document, "raw_scores", bool, False),
+        return_documents=typed(document, "return_text", bool, False),
     )
-    return_text = typed(document, "return_text", bool, False)
 
     def encode(ranking: Ranking) -> Response:
         ranks = []
         for i in ranking.order:
             rank: dict[str, Any] = {"index": i, "score": ranking.scores[i]}
-            if return_text:
+            if call.return_documents:
                 rank["text"] = texts[i]
             ranks.append(rank)
         return _json(ranks)
@@ -223,14 +223,14 @@ async def cohere_rerank(app: AppView, request: Request) -> Response:
         model=_model(document),
         truncate=typed(document, "truncate", bool, None),
         top_n=typed(document, "top_n", int, 0),
+        return_documents=typed(document, "return_documents", bool, False),
     )
-    return_documents = typed(document, "return_documents", bool, False)
 
     def encode(ranking: Ranking) -> Response:
         results = []
         for i in ranking.order:
             result: dict[str, Any] = {"index": i, "relevance_score": ranking.scores[i]}
-            if return_documents:
+            if call.return_documents:
                 result["document"] = {"text": documents[i]}
             results.append(result)
         return _json(

@@ -16,6 +16,7 @@ import grpc
 
 from textserve.service.dataplane.classify import ClassifyCall, classify, v1_response
 from textserve.service.dataplane.prologue import resolve
+from textserve.service.dataplane.rerank import RerankCall, rerank, v1_rerank_response
 from textserve.service.servicers.convert import model_summary, version_statuses
 from textserve.service.servicers.status import deadline_of, grpc_errors
 from textserve.service.servicers.stream import ClassifyStreamCall
@@ -42,6 +43,21 @@ def call_of(request: pb.ClassifyRequest) -> ClassifyCall:
         request.threshold if request.HasField("threshold") else None,
         request.top_k,
         request.all_scores,
+        request.id,
+    )
+
+
+def rerank_call_of(request: pb.RerankRequest) -> RerankCall:
+    """The data plane's call of a textserve.v1 RerankRequest."""
+    return RerankCall(
+        request.query,
+        request.documents,
+        request.model,
+        request.version,
+        request.truncate if request.HasField("truncate") else None,
+        request.top_n,
+        request.raw_scores,
+        request.return_documents,
         request.id,
     )
 
@@ -74,6 +90,17 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
             call_of(request),
             v1_response,
             method="Classify",
+            deadline=deadline_of(context),
+            context=context,
+        )
+
+    @grpc_errors
+    async def Rerank(self, request: pb.RerankRequest, context: Any) -> pb.RerankResponse:
+        return await rerank(
+            self._ctx,
+            rerank_call_of(request),
+            v1_rerank_response,
+            method="Rerank",
             deadline=deadline_of(context),
             context=context,
         )

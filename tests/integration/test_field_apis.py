@@ -20,6 +20,8 @@ from huggingface_hub import InferenceClient
 from tests import foreign
 from tests.serving import RunningServer, running_server
 from textserve import cli
+from textserve.client import Client
+from textserve.results import ClientError
 
 QUERY = "is this film any good"
 DOCUMENTS = [
@@ -50,13 +52,20 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def running(
+    folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("models")
     for name, folder in folders.items():
         argv = ["export", str(folder), "--repository", str(repo), "--name", name]
         assert cli.main([*argv, "--threads", "1"]) == 0, name
     with running_server(repo, metrics_port=0, model="classifier") as srv:
-        yield base(srv)
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def server(running: RunningServer) -> str:
+    return base(running)
 
 
 def base(srv: RunningServer) -> str:
@@ -227,6 +236,32 @@ def test_cohere_errors_are_in_cohere_shape(server: str) -> None:
         assert response.status_code == status, (body, response.text)
         error = response.json()
         assert set(error) == {"message", "detail"} and words in error["message"], error
+
+
+# -- textserve.v1 Rerank over gRPC ---------------------------------------------------------------
+
+
+def test_grpc_rerank_answers_as_the_http_routes(running: RunningServer, server: str) -> None:
+    http = post(server, "/rerank", {"query": QUERY, "texts": DOCUMENTS, "model": "reranker"})
+    with Client(running.address) as client:
+        answer = client.rerank(
+            QUERY, DOCUMENTS, model="reranker", top_n=3, return_documents=True, request_id="r1"
+        )
+        raw = client.rerank(QUERY, DOCUMENTS, model="reranker", raw_scores=True)
+        with pytest.raises(ClientError) as refused:
+            client.rerank(QUERY, DOCUMENTS, model="classifier")
+        with pytest.raises(ClientError) as empty:
+            client.rerank(QUERY, [], model="reranker")
+    assert answer.id == "r1" and answer.model == "reranker" and answer.model_version == 1
+    assert [r.index for r in answer.results] == [r["index"] for r in http.json()][:3]
+    for result, rank in zip(answer.results, http.json(), strict=False):
+        assert math.isclose(result.score, rank["score"], rel_tol=1e-6)
+        assert result.document == DOCUMENTS[result.index] and result.num_tokens > 0
+    assert answer.timing.total_seconds > 0
+    assert len(raw.results) == len(DOCUMENTS) and not raw.results[0].document
+    assert refused.value.code == "INVALID_ARGUMENT"
+    assert "rerank needs a cross-encoder" in refused.value.message
+    assert empty.value.code == "INVALID_ARGUMENT"
 
 
 # -- vLLM -----------------------------------------------------------------------------------------

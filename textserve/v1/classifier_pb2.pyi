@@ -110,6 +110,54 @@ class ClassifyResponse(_message.Message):
     error: Status
     def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[TextResult, _Mapping]]] = ..., labels: _Optional[_Iterable[str]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., error: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
+class RerankRequest(_message.Message):
+    __slots__ = ("id", "query", "documents", "model", "version", "truncate", "top_n", "raw_scores", "return_documents")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    RETURN_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    query: str
+    documents: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    version: int
+    truncate: bool
+    top_n: int
+    raw_scores: bool
+    return_documents: bool
+    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., truncate: _Optional[bool] = ..., top_n: _Optional[int] = ..., raw_scores: _Optional[bool] = ..., return_documents: _Optional[bool] = ...) -> None: ...
+
+class RankedDocument(_message.Message):
+    __slots__ = ("index", "score", "document", "num_tokens")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    score: float
+    document: str
+    num_tokens: int
+    def __init__(self, index: _Optional[int] = ..., score: _Optional[float] = ..., document: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class RerankResponse(_message.Message):
+    __slots__ = ("id", "model", "model_version", "results", "timing")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    model: str
+    model_version: int
+    results: _containers.RepeatedCompositeFieldContainer[RankedDocument]
+    timing: Timing
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[RankedDocument, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+
 class VersionStatus(_message.Message):
     __slots__ = ("version", "state", "reason")
     VERSION_FIELD_NUMBER: _ClassVar[int]

@@ -54,6 +54,11 @@ class ClassifierStub:
                 request_serializer=textserve_dot_v1_dot_classifier__pb2.GetModelRequest.SerializeToString,
                 response_deserializer=textserve_dot_v1_dot_classifier__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.Rerank = channel.unary_unary(
+                '/textserve.v1.Classifier/Rerank',
+                request_serializer=textserve_dot_v1_dot_classifier__pb2.RerankRequest.SerializeToString,
+                response_deserializer=textserve_dot_v1_dot_classifier__pb2.RerankResponse.FromString,
+                _registered_method=True)
 
 
 class ClassifierServicer:
@@ -89,6 +94,14 @@ class ClassifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rerank(self, request, context):
+        """A query's documents ordered by relevance, scored by a cross-encoder: a model with one
+        output (sigmoid) or two labels (the second one relevant); other models: INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClassifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +124,11 @@ def add_ClassifierServicer_to_server(servicer, server):
                     servicer.GetModel,
                     request_deserializer=textserve_dot_v1_dot_classifier__pb2.GetModelRequest.FromString,
                     response_serializer=textserve_dot_v1_dot_classifier__pb2.ModelInfo.SerializeToString,
+            ),
+            'Rerank': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rerank,
+                    request_deserializer=textserve_dot_v1_dot_classifier__pb2.RerankRequest.FromString,
+                    response_serializer=textserve_dot_v1_dot_classifier__pb2.RerankResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -221,6 +239,33 @@ class Classifier:
             '/textserve.v1.Classifier/GetModel',
             textserve_dot_v1_dot_classifier__pb2.GetModelRequest.SerializeToString,
             textserve_dot_v1_dot_classifier__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rerank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/textserve.v1.Classifier/Rerank',
+            textserve_dot_v1_dot_classifier__pb2.RerankRequest.SerializeToString,
+            textserve_dot_v1_dot_classifier__pb2.RerankResponse.FromString,
             options,
             channel_credentials,
             insecure,
