@@ -20,6 +20,7 @@ import numpy as np
 
 from textserve.service.dataplane.observe import Seen, observed
 from textserve.service.dataplane.prologue import decision_threshold, resolve, truncation
+from textserve.service.dataplane.windows import Windows, classify_windows
 from textserve.v1 import classifier_pb2 as pb
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class ClassifyCall(NamedTuple):
     top_k: int = 0  # the k best labels per text with their scores; 0: none
     all_scores: bool = False  # every label's score per text
     id: str = ""  # echoed in the answer
+    windows: Windows | None = None  # long texts split into windows, not cut (windows.py)
 
 
 class Prepared(NamedTuple):
@@ -81,9 +83,14 @@ async def classify(
     Raises the taxonomy of service/errors.py (each codec maps it to its own status)."""
     with observed(ctx.metrics, method, deadline, context=context, telemetry=ctx.telemetry) as seen:
         handle, truncate, threshold = prologue(ctx, call, seen)
-        seen.result = result = await handle.classify(
-            call.texts, pairs=call.pairs, truncate=truncate, deadline=deadline, trace=seen.trace
-        )
+        if call.windows is None:
+            seen.result = result = await handle.classify(
+                call.texts, pairs=call.pairs, truncate=truncate, deadline=deadline, trace=seen.trace
+            )
+        else:
+            seen.result = result = await classify_windows(
+                handle, call.texts, call.pairs, call.windows, deadline=deadline, trace=seen.trace
+            )
         return encode(Classification(call, handle, result, threshold))
 
 
@@ -100,6 +107,7 @@ def v1_response(answer: Classification) -> pb.ClassifyResponse:
     num_tokens = result.num_tokens.tolist()
     truncated = result.truncated.tolist()
     cached = None if result.cached is None else result.cached.tolist()
+    windows = None if result.windows is None else result.windows.tolist()
     top_k = min(call.top_k, len(labels))
     order = np.argsort(-probs, axis=1, kind="stable")[:, :top_k].tolist() if top_k else None
     rows = probs.tolist() if order is not None or call.all_scores else None
@@ -115,6 +123,8 @@ def v1_response(answer: Classification) -> pb.ClassifyResponse:
         )
         if cached is not None and cached[i]:
             text.cached = True
+        if windows is not None:
+            text.windows = windows[i]
         if passing is not None:
             text.labels_over_threshold.extend(
                 label for label, on in zip(labels, passing[i], strict=True) if on

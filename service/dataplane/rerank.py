@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import numpy as np
 
 from textserve.service.dataplane.classify import Classification, ClassifyCall, classify, timing
+from textserve.service.dataplane.windows import Windows
 from textserve.service.errors import ValidationError
 from textserve.v1 import classifier_pb2 as pb
 
@@ -39,6 +40,7 @@ class RerankCall(NamedTuple):
     raw_scores: bool = False  # the model's score before its activation (a logit)
     return_documents: bool = False  # the answer carries each ranked document's text
     id: str = ""  # echoed in the answer
+    windows: Windows | None = None  # long documents by windows (windows.py), not cut
 
 
 class Ranking(NamedTuple):
@@ -48,6 +50,7 @@ class Ranking(NamedTuple):
     scores: list[float]  # per document (input order)
     num_tokens: list[int]  # per document: tokens of its (query, document) pair
     timings: Timings
+    windows: list[int] | None  # per document: its windows, when split
 
 
 def relevance_column(handle: ModelHandle) -> int:
@@ -92,6 +95,7 @@ async def rerank(
         model=call.model,
         version=call.version,
         truncate=call.truncate,
+        windows=call.windows,
     )
     return await classify(
         ctx,
@@ -117,6 +121,7 @@ def ranking(call: RerankCall, answer: Classification) -> Ranking:
         scores.astype(np.float64).tolist(),
         answer.result.num_tokens.tolist(),
         answer.result.timings,
+        None if answer.result.windows is None else answer.result.windows.tolist(),
     )
 
 
@@ -129,5 +134,7 @@ def v1_rerank_response(ranking: Ranking) -> pb.RerankResponse:
         ranked = add(index=i, score=ranking.scores[i], num_tokens=ranking.num_tokens[i])
         if call.return_documents:
             ranked.document = call.documents[i]
+        if ranking.windows is not None:
+            ranked.windows = ranking.windows[i]
     timing(response.timing, ranking.timings)
     return response

@@ -65,6 +65,7 @@ class ClassifyResult:
     truncated: np.ndarray  # bool (n,)
     timings: Timings
     cached: np.ndarray | None = None  # bool (n,): answered from the response cache; None: none
+    windows: np.ndarray | None = None  # int64 (n,): windows per text, when split (windows.py)
 
     @property
     def cached_count(self) -> int:

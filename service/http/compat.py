@@ -34,6 +34,7 @@ from textserve.service.http.messages import (
     parse_json_object,
     typed,
     unicode_text,
+    windows_field,
 )
 
 CLASSIFY = "HttpClassify"  # the `method` label of the metrics
@@ -172,6 +173,7 @@ async def tei_rerank(app: AppView, request: Request) -> Response:
         truncate=typed(document, "truncate", bool, None),
         raw_scores=typed(document, "raw_scores", bool, False),
         return_documents=typed(document, "return_text", bool, False),
+        windows=windows_field(document, "max"),
     )
 
     def encode(ranking: Ranking) -> Response:
@@ -224,6 +226,7 @@ async def cohere_rerank(app: AppView, request: Request) -> Response:
         truncate=typed(document, "truncate", bool, None),
         top_n=typed(document, "top_n", int, 0),
         return_documents=typed(document, "return_documents", bool, False),
+        windows=windows_field(document, "max"),
     )
 
     def encode(ranking: Ranking) -> Response:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from textserve.service.dataplane.windows import Windows, checked
 from textserve.service.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -144,3 +145,19 @@ def typed(document: dict[str, Any], name: str, kind: type, default: Any) -> Any:
     if kind is not int and not isinstance(value, kind):
         raise ValidationError(f"`{name}` must be a {kind.__name__}, got {type(value).__name__}")
     return value
+
+
+def windows_field(document: dict[str, Any], default: str) -> Windows | None:
+    """A request's `windows`: absent, null or false: None (long texts are cut); true: the
+    defaults (`default` aggregate, no stride); {"aggregate": ..., "stride": ...}."""
+    value = document.get("windows")
+    if value is None or value is False:
+        return None
+    if value is True:
+        return checked(default, 0)
+    if not isinstance(value, dict):
+        raise ValidationError(
+            '`windows` must be true or an object {"aggregate": "mean", "stride": 0}'
+        )
+    aggregate = typed(value, "aggregate", str, default)
+    return checked(aggregate, typed(value, "stride", int, 0))

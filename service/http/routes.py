@@ -35,6 +35,7 @@ from textserve.service.http.messages import (
     text,
     typed,
     unicode_text,
+    windows_field,
 )
 from textserve.service.http.openapi import document
 from textserve.service.http.tensors import HEADER_LENGTH, parse_infer, render_infer
@@ -211,6 +212,7 @@ def classify_call(document: dict[str, Any]) -> ClassifyCall:
         top_k=min(typed(options, "top_k", int, 0), 2**31 - 1),
         all_scores=typed(options, "all_scores", bool, False),
         id=unicode_text(typed(options, "id", str, ""), "`id`"),
+        windows=windows_field(options, "mean"),
     )
 
 

@@ -17,6 +17,7 @@ import grpc
 from textserve.service.dataplane.classify import ClassifyCall, classify, v1_response
 from textserve.service.dataplane.prologue import resolve
 from textserve.service.dataplane.rerank import RerankCall, rerank, v1_rerank_response
+from textserve.service.dataplane.windows import Windows, checked
 from textserve.service.servicers.convert import model_summary, version_statuses
 from textserve.service.servicers.status import deadline_of, grpc_errors
 from textserve.service.servicers.stream import ClassifyStreamCall
@@ -44,7 +45,14 @@ def call_of(request: pb.ClassifyRequest) -> ClassifyCall:
         request.top_k,
         request.all_scores,
         request.id,
+        _windows(request, "mean"),
     )
+
+
+def _windows(request: pb.ClassifyRequest | pb.RerankRequest, default: str) -> Windows | None:
+    if not request.HasField("windows"):
+        return None
+    return checked(request.windows.aggregate or default, request.windows.stride)
 
 
 def rerank_call_of(request: pb.RerankRequest) -> RerankCall:
@@ -59,6 +67,7 @@ def rerank_call_of(request: pb.RerankRequest) -> RerankCall:
         request.raw_scores,
         request.return_documents,
         request.id,
+        _windows(request, "max"),
     )
 
 

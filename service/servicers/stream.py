@@ -35,6 +35,7 @@ from textserve.service.dataplane.classify import (
 )
 from textserve.service.dataplane.codes import log_unexpected, public_message
 from textserve.service.dataplane.observe import Observation
+from textserve.service.errors import ValidationError
 from textserve.service.servicers.status import deadline_of, grpc_code
 from textserve.v1 import classifier_pb2 as pb
 
@@ -137,6 +138,11 @@ class ClassifyStreamCall:
         try:
             message = _Message(request, self._decode(request), observation)
             call = message.call
+            if call.windows is not None:
+                raise ValidationError(
+                    "windows are for the unary Classify (a windowed text waits for all its "
+                    "windows); send long texts there, or leave windows unset to cut them"
+                )
             message.prepared = prepared = prologue(ctx, call, seen)
             message.future = prepared.handle.classify_nowait(
                 call.texts,

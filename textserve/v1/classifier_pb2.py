@@ -24,47 +24,49 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtextserve/v1/classifier.proto\x12\x0ctextserve.v1\"\xcd\x01\n\x0f\x43lassifyRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x15\n\x08truncate\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x06 \x01(\r\x12\x12\n\nall_scores\x18\x07 \x01(\x08\x12\x12\n\ntext_pairs\x18\x08 \x03(\t\x12\x16\n\tthreshold\x18\t \x01(\x02H\x01\x88\x01\x01\x42\x0b\n\t_truncateB\x0c\n\n_threshold\"*\n\nLabelScore\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\"\xb7\x01\n\nTextResult\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12%\n\x03top\x18\x03 \x03(\x0b\x32\x18.textserve.v1.LabelScore\x12\x0e\n\x06scores\x18\x04 \x03(\x02\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x12\x1d\n\x15labels_over_threshold\x18\x07 \x03(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x08 \x01(\x08\"k\n\x06Timing\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x18\n\x10tokenize_seconds\x18\x02 \x01(\x01\x12\x19\n\x11inference_seconds\x18\x03 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x04 \x01(\x01\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xca\x01\n\x10\x43lassifyResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12)\n\x07results\x18\x04 \x03(\x0b\x32\x18.textserve.v1.TextResult\x12\x0e\n\x06labels\x18\x05 \x03(\t\x12$\n\x06timing\x18\x06 \x01(\x0b\x32\x14.textserve.v1.Timing\x12#\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x14.textserve.v1.Status\"\xbe\x01\n\rRerankRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\x11\n\tdocuments\x18\x03 \x03(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\x03\x12\x15\n\x08truncate\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12\r\n\x05top_n\x18\x07 \x01(\r\x12\x12\n\nraw_scores\x18\x08 \x01(\x08\x12\x18\n\x10return_documents\x18\t \x01(\x08\x42\x0b\n\t_truncate\"T\n\x0eRankedDocument\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x10\n\x08\x64ocument\x18\x03 \x01(\t\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\"\x97\x01\n\x0eRerankResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12-\n\x07results\x18\x04 \x03(\x0b\x32\x1c.textserve.v1.RankedDocument\x12$\n\x06timing\x18\x05 \x01(\x0b\x32\x14.textserve.v1.Timing\"Y\n\rVersionStatus\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.textserve.v1.ModelState\x12\x0e\n\x06reason\x18\x03 \x01(\t\"v\n\x0cModelSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12-\n\x08versions\x18\x02 \x03(\x0b\x32\x1b.textserve.v1.VersionStatus\x12\x15\n\rready_version\x18\x03 \x01(\x03\x12\x12\n\nis_default\x18\x04 \x01(\x08\"\x13\n\x11ListModelsRequest\"W\n\x12ListModelsResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.textserve.v1.ModelSummary\x12\x15\n\rdefault_model\x18\x02 \x01(\t\"0\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xe6\x02\n\rBatchingStats\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\x04\x12\r\n\x05items\x18\x02 \x01(\x04\x12\x17\n\x0fmean_batch_size\x18\x03 \x01(\x01\x12\x1b\n\x13max_batch_size_seen\x18\x04 \x01(\r\x12\x18\n\x10\x64ropped_deadline\x18\x05 \x01(\x04\x12\x19\n\x11\x64ropped_cancelled\x18\x06 \x01(\x04\x12\x1b\n\x13rejected_overloaded\x18\x07 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x08 \x01(\r\x12\x16\n\x0emax_batch_size\x18\t \x01(\r\x12\x18\n\x10max_batch_tokens\x18\n \x01(\r\x12\x1f\n\x17max_queue_delay_seconds\x18\x0b \x01(\x01\x12\x16\n\x0emax_queue_size\x18\x0c \x01(\r\x12\x15\n\rpadded_tokens\x18\r \x01(\x04\x12\x16\n\x0epadding_tokens\x18\x0e \x01(\x04\"\xe9\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.textserve.v1.ModelState\x12\x0e\n\x06labels\x18\x04 \x03(\t\x12\x12\n\nmax_length\x18\x05 \x01(\r\x12\x1a\n\x12\x65xecution_provider\x18\x06 \x01(\t\x12\x11\n\tprecision\x18\x07 \x01(\t\x12-\n\x08versions\x18\x08 \x03(\x0b\x32\x1b.textserve.v1.VersionStatus\x12-\n\x08\x62\x61tching\x18\t \x01(\x0b\x32\x1b.textserve.v1.BatchingStats\x12\x12\n\nis_default\x18\n \x01(\x08\x12\x1a\n\rtest_accuracy\x18\x0b \x01(\x01H\x00\x88\x01\x01\x12\x12\n\ncreated_at\x18\x0c \x01(\t\x12\x13\n\x0bsource_kind\x18\r \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x0e \x01(\t\x12\x12\n\nmodel_type\x18\x0f \x01(\t\x12\x12\n\nactivation\x18\x10 \x01(\t\x12\x0e\n\x06inputs\x18\x11 \x03(\t\x12\x11\n\tthreshold\x18\x12 \x01(\x01\x12\x17\n\x0ftruncation_side\x18\x13 \x01(\tB\x10\n\x0e_test_accuracy*\xa7\x01\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15MODEL_STATE_AVAILABLE\x10\x01\x12\x17\n\x13MODEL_STATE_LOADING\x10\x02\x12\x15\n\x11MODEL_STATE_READY\x10\x03\x12\x19\n\x15MODEL_STATE_UNLOADING\x10\x04\x12\x16\n\x12MODEL_STATE_FAILED\x10\x05\x32\x86\x03\n\nClassifier\x12I\n\x08\x43lassify\x12\x1d.textserve.v1.ClassifyRequest\x1a\x1e.textserve.v1.ClassifyResponse\x12S\n\x0e\x43lassifyStream\x12\x1d.textserve.v1.ClassifyRequest\x1a\x1e.textserve.v1.ClassifyResponse(\x01\x30\x01\x12O\n\nListModels\x12\x1f.textserve.v1.ListModelsRequest\x1a .textserve.v1.ListModelsResponse\x12\x42\n\x08GetModel\x12\x1d.textserve.v1.GetModelRequest\x1a\x17.textserve.v1.ModelInfo\x12\x43\n\x06Rerank\x12\x1b.textserve.v1.RerankRequest\x1a\x1c.textserve.v1.RerankResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtextserve/v1/classifier.proto\x12\x0ctextserve.v1\"\xf5\x01\n\x0f\x43lassifyRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x15\n\x08truncate\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x06 \x01(\r\x12\x12\n\nall_scores\x18\x07 \x01(\x08\x12\x12\n\ntext_pairs\x18\x08 \x03(\t\x12\x16\n\tthreshold\x18\t \x01(\x02H\x01\x88\x01\x01\x12&\n\x07windows\x18\n \x01(\x0b\x32\x15.textserve.v1.WindowsB\x0b\n\t_truncateB\x0c\n\n_threshold\",\n\x07Windows\x12\x11\n\taggregate\x18\x01 \x01(\t\x12\x0e\n\x06stride\x18\x02 \x01(\r\"*\n\nLabelScore\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\"\xc8\x01\n\nTextResult\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12%\n\x03top\x18\x03 \x03(\x0b\x32\x18.textserve.v1.LabelScore\x12\x0e\n\x06scores\x18\x04 \x03(\x02\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x12\x1d\n\x15labels_over_threshold\x18\x07 \x03(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x08 \x01(\x08\x12\x0f\n\x07windows\x18\t \x01(\r\"k\n\x06Timing\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x18\n\x10tokenize_seconds\x18\x02 \x01(\x01\x12\x19\n\x11inference_seconds\x18\x03 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x04 \x01(\x01\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xca\x01\n\x10\x43lassifyResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12)\n\x07results\x18\x04 \x03(\x0b\x32\x18.textserve.v1.TextResult\x12\x0e\n\x06labels\x18\x05 \x03(\t\x12$\n\x06timing\x18\x06 \x01(\x0b\x32\x14.textserve.v1.Timing\x12#\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x14.textserve.v1.Status\"\xe6\x01\n\rRerankRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\x11\n\tdocuments\x18\x03 \x03(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\x03\x12\x15\n\x08truncate\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12\r\n\x05top_n\x18\x07 \x01(\r\x12\x12\n\nraw_scores\x18\x08 \x01(\x08\x12\x18\n\x10return_documents\x18\t \x01(\x08\x12&\n\x07windows\x18\n \x01(\x0b\x32\x15.textserve.v1.WindowsB\x0b\n\t_truncate\"e\n\x0eRankedDocument\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x10\n\x08\x64ocument\x18\x03 \x01(\t\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\x12\x0f\n\x07windows\x18\x05 \x01(\r\"\x97\x01\n\x0eRerankResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12-\n\x07results\x18\x04 \x03(\x0b\x32\x1c.textserve.v1.RankedDocument\x12$\n\x06timing\x18\x05 \x01(\x0b\x32\x14.textserve.v1.Timing\"Y\n\rVersionStatus\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.textserve.v1.ModelState\x12\x0e\n\x06reason\x18\x03 \x01(\t\"v\n\x0cModelSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12-\n\x08versions\x18\x02 \x03(\x0b\x32\x1b.textserve.v1.VersionStatus\x12\x15\n\rready_version\x18\x03 \x01(\x03\x12\x12\n\nis_default\x18\x04 \x01(\x08\"\x13\n\x11ListModelsRequest\"W\n\x12ListModelsResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.textserve.v1.ModelSummary\x12\x15\n\rdefault_model\x18\x02 \x01(\t\"0\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xe6\x02\n\rBatchingStats\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\x04\x12\r\n\x05items\x18\x02 \x01(\x04\x12\x17\n\x0fmean_batch_size\x18\x03 \x01(\x01\x12\x1b\n\x13max_batch_size_seen\x18\x04 \x01(\r\x12\x18\n\x10\x64ropped_deadline\x18\x05 \x01(\x04\x12\x19\n\x11\x64ropped_cancelled\x18\x06 \x01(\x04\x12\x1b\n\x13rejected_overloaded\x18\x07 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x08 \x01(\r\x12\x16\n\x0emax_batch_size\x18\t \x01(\r\x12\x18\n\x10max_batch_tokens\x18\n \x01(\r\x12\x1f\n\x17max_queue_delay_seconds\x18\x0b \x01(\x01\x12\x16\n\x0emax_queue_size\x18\x0c \x01(\r\x12\x15\n\rpadded_tokens\x18\r \x01(\x04\x12\x16\n\x0epadding_tokens\x18\x0e \x01(\x04\"\xe9\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.textserve.v1.ModelState\x12\x0e\n\x06labels\x18\x04 \x03(\t\x12\x12\n\nmax_length\x18\x05 \x01(\r\x12\x1a\n\x12\x65xecution_provider\x18\x06 \x01(\t\x12\x11\n\tprecision\x18\x07 \x01(\t\x12-\n\x08versions\x18\x08 \x03(\x0b\x32\x1b.textserve.v1.VersionStatus\x12-\n\x08\x62\x61tching\x18\t \x01(\x0b\x32\x1b.textserve.v1.BatchingStats\x12\x12\n\nis_default\x18\n \x01(\x08\x12\x1a\n\rtest_accuracy\x18\x0b \x01(\x01H\x00\x88\x01\x01\x12\x12\n\ncreated_at\x18\x0c \x01(\t\x12\x13\n\x0bsource_kind\x18\r \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x0e \x01(\t\x12\x12\n\nmodel_type\x18\x0f \x01(\t\x12\x12\n\nactivation\x18\x10 \x01(\t\x12\x0e\n\x06inputs\x18\x11 \x03(\t\x12\x11\n\tthreshold\x18\x12 \x01(\x01\x12\x17\n\x0ftruncation_side\x18\x13 \x01(\tB\x10\n\x0e_test_accuracy*\xa7\x01\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15MODEL_STATE_AVAILABLE\x10\x01\x12\x17\n\x13MODEL_STATE_LOADING\x10\x02\x12\x15\n\x11MODEL_STATE_READY\x10\x03\x12\x19\n\x15MODEL_STATE_UNLOADING\x10\x04\x12\x16\n\x12MODEL_STATE_FAILED\x10\x05\x32\x86\x03\n\nClassifier\x12I\n\x08\x43lassify\x12\x1d.textserve.v1.ClassifyRequest\x1a\x1e.textserve.v1.ClassifyResponse\x12S\n\x0e\x43lassifyStream\x12\x1d.textserve.v1.ClassifyRequest\x1a\x1e.textserve.v1.ClassifyResponse(\x01\x30\x01\x12O\n\nListModels\x12\x1f.textserve.v1.ListModelsRequest\x1a .textserve.v1.ListModelsResponse\x12\x42\n\x08GetModel\x12\x1d.textserve.v1.GetModelRequest\x1a\x17.textserve.v1.ModelInfo\x12\x43\n\x06Rerank\x12\x1b.textserve.v1.RerankRequest\x1a\x1c.textserve.v1.RerankResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'textserve.v1.classifier_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELSTATE']._serialized_start=2498
-  _globals['_MODELSTATE']._serialized_end=2665
+  _globals['_MODELSTATE']._serialized_start=2658
+  _globals['_MODELSTATE']._serialized_end=2825
   _globals['_CLASSIFYREQUEST']._serialized_start=48
-  _globals['_CLASSIFYREQUEST']._serialized_end=253
-  _globals['_LABELSCORE']._serialized_start=255
-  _globals['_LABELSCORE']._serialized_end=297
-  _globals['_TEXTRESULT']._serialized_start=300
-  _globals['_TEXTRESULT']._serialized_end=483
-  _globals['_TIMING']._serialized_start=485
-  _globals['_TIMING']._serialized_end=592
-  _globals['_STATUS']._serialized_start=594
-  _globals['_STATUS']._serialized_end=633
-  _globals['_CLASSIFYRESPONSE']._serialized_start=636
-  _globals['_CLASSIFYRESPONSE']._serialized_end=838
-  _globals['_RERANKREQUEST']._serialized_start=841
-  _globals['_RERANKREQUEST']._serialized_end=1031
-  _globals['_RANKEDDOCUMENT']._serialized_start=1033
-  _globals['_RANKEDDOCUMENT']._serialized_end=1117
-  _globals['_RERANKRESPONSE']._serialized_start=1120
-  _globals['_RERANKRESPONSE']._serialized_end=1271
-  _globals['_VERSIONSTATUS']._serialized_start=1273
-  _globals['_VERSIONSTATUS']._serialized_end=1362
-  _globals['_MODELSUMMARY']._serialized_start=1364
-  _globals['_MODELSUMMARY']._serialized_end=1482
-  _globals['_LISTMODELSREQUEST']._serialized_start=1484
-  _globals['_LISTMODELSREQUEST']._serialized_end=1503
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1505
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1592
-  _globals['_GETMODELREQUEST']._serialized_start=1594
-  _globals['_GETMODELREQUEST']._serialized_end=1642
-  _globals['_BATCHINGSTATS']._serialized_start=1645
-  _globals['_BATCHINGSTATS']._serialized_end=2003
-  _globals['_MODELINFO']._serialized_start=2006
-  _globals['_MODELINFO']._serialized_end=2495
-  _globals['_CLASSIFIER']._serialized_start=2668
-  _globals['_CLASSIFIER']._serialized_end=3058
+  _globals['_CLASSIFYREQUEST']._serialized_end=293
+  _globals['_WINDOWS']._serialized_start=295
+  _globals['_WINDOWS']._serialized_end=339
+  _globals['_LABELSCORE']._serialized_start=341
+  _globals['_LABELSCORE']._serialized_end=383
+  _globals['_TEXTRESULT']._serialized_start=386
+  _globals['_TEXTRESULT']._serialized_end=586
+  _globals['_TIMING']._serialized_start=588
+  _globals['_TIMING']._serialized_end=695
+  _globals['_STATUS']._serialized_start=697
+  _globals['_STATUS']._serialized_end=736
+  _globals['_CLASSIFYRESPONSE']._serialized_start=739
+  _globals['_CLASSIFYRESPONSE']._serialized_end=941
+  _globals['_RERANKREQUEST']._serialized_start=944
+  _globals['_RERANKREQUEST']._serialized_end=1174
+  _globals['_RANKEDDOCUMENT']._serialized_start=1176
+  _globals['_RANKEDDOCUMENT']._serialized_end=1277
+  _globals['_RERANKRESPONSE']._serialized_start=1280
+  _globals['_RERANKRESPONSE']._serialized_end=1431
+  _globals['_VERSIONSTATUS']._serialized_start=1433
+  _globals['_VERSIONSTATUS']._serialized_end=1522
+  _globals['_MODELSUMMARY']._serialized_start=1524
+  _globals['_MODELSUMMARY']._serialized_end=1642
+  _globals['_LISTMODELSREQUEST']._serialized_start=1644
+  _globals['_LISTMODELSREQUEST']._serialized_end=1663
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1665
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1752
+  _globals['_GETMODELREQUEST']._serialized_start=1754
+  _globals['_GETMODELREQUEST']._serialized_end=1802
+  _globals['_BATCHINGSTATS']._serialized_start=1805
+  _globals['_BATCHINGSTATS']._serialized_end=2163
+  _globals['_MODELINFO']._serialized_start=2166
+  _globals['_MODELINFO']._serialized_end=2655
+  _globals['_CLASSIFIER']._serialized_start=2828
+  _globals['_CLASSIFIER']._serialized_end=3218
 # @@protoc_insertion_point(module_scope)

@@ -23,7 +23,7 @@ MODEL_STATE_UNLOADING: ModelState
 MODEL_STATE_FAILED: ModelState
 
 class ClassifyRequest(_message.Message):
-    __slots__ = ("id", "texts", "model", "version", "truncate", "top_k", "all_scores", "text_pairs", "threshold")
+    __slots__ = ("id", "texts", "model", "version", "truncate", "top_k", "all_scores", "text_pairs", "threshold", "windows")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class ClassifyRequest(_message.Message):
     ALL_SCORES_FIELD_NUMBER: _ClassVar[int]
     TEXT_PAIRS_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
     id: str
     texts: _containers.RepeatedScalarFieldContainer[str]
     model: str
@@ -42,7 +43,16 @@ class ClassifyRequest(_message.Message):
     all_scores: bool
     text_pairs: _containers.RepeatedScalarFieldContainer[str]
     threshold: float
-    def __init__(self, id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., truncate: _Optional[bool] = ..., top_k: _Optional[int] = ..., all_scores: _Optional[bool] = ..., text_pairs: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ...) -> None: ...
+    windows: Windows
+    def __init__(self, id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., truncate: _Optional[bool] = ..., top_k: _Optional[int] = ..., all_scores: _Optional[bool] = ..., text_pairs: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ...) -> None: ...
+
+class Windows(_message.Message):
+    __slots__ = ("aggregate", "stride")
+    AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    aggregate: str
+    stride: int
+    def __init__(self, aggregate: _Optional[str] = ..., stride: _Optional[int] = ...) -> None: ...
 
 class LabelScore(_message.Message):
     __slots__ = ("label", "score")
@@ -53,7 +63,7 @@ class LabelScore(_message.Message):
     def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class TextResult(_message.Message):
-    __slots__ = ("label", "score", "top", "scores", "num_tokens", "truncated", "labels_over_threshold", "cached")
+    __slots__ = ("label", "score", "top", "scores", "num_tokens", "truncated", "labels_over_threshold", "cached", "windows")
     LABEL_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +72,7 @@ class TextResult(_message.Message):
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     LABELS_OVER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     CACHED_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
     label: str
     score: float
     top: _containers.RepeatedCompositeFieldContainer[LabelScore]
@@ -70,7 +81,8 @@ class TextResult(_message.Message):
     truncated: bool
     labels_over_threshold: _containers.RepeatedScalarFieldContainer[str]
     cached: bool
-    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ..., top: _Optional[_Iterable[_Union[LabelScore, _Mapping]]] = ..., scores: _Optional[_Iterable[float]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., labels_over_threshold: _Optional[_Iterable[str]] = ..., cached: _Optional[bool] = ...) -> None: ...
+    windows: int
+    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ..., top: _Optional[_Iterable[_Union[LabelScore, _Mapping]]] = ..., scores: _Optional[_Iterable[float]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., labels_over_threshold: _Optional[_Iterable[str]] = ..., cached: _Optional[bool] = ..., windows: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("queue_seconds", "tokenize_seconds", "inference_seconds", "total_seconds")
@@ -111,7 +123,7 @@ class ClassifyResponse(_message.Message):
     def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[TextResult, _Mapping]]] = ..., labels: _Optional[_Iterable[str]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., error: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
-    __slots__ = ("id", "query", "documents", "model", "version", "truncate", "top_n", "raw_scores", "return_documents")
+    __slots__ = ("id", "query", "documents", "model", "version", "truncate", "top_n", "raw_scores", "return_documents", "windows")
     ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +133,7 @@ class RerankRequest(_message.Message):
     TOP_N_FIELD_NUMBER: _ClassVar[int]
     RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
     RETURN_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
     id: str
     query: str
     documents: _containers.RepeatedScalarFieldContainer[str]
@@ -130,19 +143,22 @@ class RerankRequest(_message.Message):
     top_n: int
     raw_scores: bool
     return_documents: bool
-    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., truncate: _Optional[bool] = ..., top_n: _Optional[int] = ..., raw_scores: _Optional[bool] = ..., return_documents: _Optional[bool] = ...) -> None: ...
+    windows: Windows
+    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., truncate: _Optional[bool] = ..., top_n: _Optional[int] = ..., raw_scores: _Optional[bool] = ..., return_documents: _Optional[bool] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ...) -> None: ...
 
 class RankedDocument(_message.Message):
-    __slots__ = ("index", "score", "document", "num_tokens")
+    __slots__ = ("index", "score", "document", "num_tokens", "windows")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     DOCUMENT_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
     index: int
     score: float
     document: str
     num_tokens: int
-    def __init__(self, index: _Optional[int] = ..., score: _Optional[float] = ..., document: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    windows: int
+    def __init__(self, index: _Optional[int] = ..., score: _Optional[float] = ..., document: _Optional[str] = ..., num_tokens: _Optional[int] = ..., windows: _Optional[int] = ...) -> None: ...
 
 class RerankResponse(_message.Message):
     __slots__ = ("id", "model", "model_version", "results", "timing")

@@ -1,0 +1,175 @@
+"""Long texts classified by windows instead of cut: split, classify every window in the same
+batches as any text, aggregate per text.
+
+    call = ClassifyCall([long_text], windows=Windows("mean", stride=32))
+    result = await classify_windows(handle, call, deadline=d, trace=t)   # one row per text
+
+A text (or, for a pair, its second text: the document of a (query, document) pair) longer than
+the model takes is split at token boundaries, each window as long as the model takes beside its
+special tokens (and the pair's first text), `stride` tokens shared by neighbours, a window never
+starting or ending inside a word. Each window is the original's characters from the end of the
+token before it (so a byte-level BPE keeps the space it reads a word by), and is classified as
+a text of its own: the tokenizer's special tokens and pair template are its, each window counts
+in the token budget, the queue bound, the cache and the batch metrics like any text, and a
+window answered alone scores what it scores here. The windows' scores become the text's by
+`aggregate`: "mean" (the mean of the logits, as far as the activation lets them be known: the
+same softmax as the mean of the logits), "max" (per label the highest score) or "first".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from textserve.service.errors import ValidationError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from textserve.service.engine.batches import BatchTrace
+    from textserve.service.engine.handle import ClassifyResult, ModelHandle
+
+AGGREGATES = ("mean", "max", "first")
+MIN_WINDOW = 8  # tokens a window must have room for beside the special tokens and the pair
+
+
+class Windows(NamedTuple):
+    """A request's choice to split long texts instead of cutting them."""
+
+    aggregate: str = "mean"  # AGGREGATES
+    stride: int = 0  # tokens each window shares with the one before it
+
+
+def checked(aggregate: str, stride: int) -> Windows:
+    """Windows from a request's fields; ValidationError naming a bad one."""
+    aggregate = aggregate or "mean"
+    if aggregate not in AGGREGATES:
+        raise ValidationError(
+            f"windows.aggregate must be one of {', '.join(AGGREGATES)}, got {aggregate[:40]!r}"
+        )
+    if not 0 <= stride < 2**31:
+        raise ValidationError(f"windows.stride must be a non-negative integer, got {stride}")
+    return Windows(aggregate, stride)
+
+
+def split(
+    tokenizer: Tokenizer, max_length: int, text: str, first: str | None, stride: int
+) -> list[str]:
+    """`text`'s windows (itself when it fits); `first`: the pair's first text, kept whole."""
+    fixed = 0 if first is None else len(tokenizer.encode(first, add_special_tokens=False).ids)
+    budget = max_length - tokenizer.num_special_tokens_to_add(first is not None) - fixed
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    total = len(encoding.ids)
+    if total <= budget:
+        return [text]
+    if budget < MIN_WINDOW or stride >= budget // 2:
+        raise ValidationError(
+            f"a window has room for {max(budget, 0)} tokens here (the model takes {max_length}, "
+            f"less special tokens and the pair's first text): windows need at least "
+            f"{MIN_WINDOW}, and a stride under half of them (got {stride})"
+        )
+    words, offsets = encoding.word_ids, encoding.offsets
+
+    def inside_word(i: int) -> bool:
+        return 0 < i < total and words[i] is not None and words[i] == words[i - 1]
+
+    pieces, start = [], 0
+    while True:
+        end = min(start + budget, total)
+        aligned = end
+        while aligned > start + 1 and inside_word(aligned):
+            aligned -= 1
+        end = aligned
+        begin = 0 if start == 0 else offsets[start - 1][1]
+        finish = len(text) if end == total else offsets[end - 1][1]
+        pieces.append(text[begin:finish])
+        if end == total:
+            return pieces
+        start = max(end - stride, start + 1)
+        while start < end and inside_word(start):
+            start += 1
+
+
+async def classify_windows(
+    handle: ModelHandle,
+    texts: Sequence[str],
+    pairs: Sequence[str] | None,
+    windows: Windows,
+    *,
+    deadline: float | None,
+    trace: BatchTrace | None,
+) -> ClassifyResult:
+    """Classify each text (pair) by windows; the result has one row per text, and
+    `windows` says how many each took."""
+    tokenizer = handle.runner.tokenization.tokenizer
+    longs = texts if pairs is None else pairs
+    firsts: Sequence[str | None] = [None] * len(texts) if pairs is None else texts
+
+    def all_pieces() -> list[list[str]]:
+        return [
+            split(tokenizer, handle.max_length, one, first, windows.stride)
+            for one, first in zip(longs, firsts, strict=True)
+        ]
+
+    pieces = await asyncio.to_thread(all_pieces)  # a long text takes ms to tokenize
+    counts = [len(p) for p in pieces]
+    limit = handle.max_texts_per_request
+    if sum(counts) > limit:
+        raise ValidationError(
+            f"the texts make {sum(counts)} windows; at most {limit} per request "
+            "(--max-texts-per-request): send fewer or shorter texts"
+        )
+    flat = [piece for p in pieces for piece in p]
+    if pairs is None:
+        result = await handle.classify(flat, truncate=True, deadline=deadline, trace=trace)
+    else:
+        repeated = [text for text, count in zip(texts, counts, strict=True) for _ in range(count)]
+        result = await handle.classify(
+            repeated, pairs=flat, truncate=True, deadline=deadline, trace=trace
+        )
+    return aggregated(result, counts, windows.aggregate, handle.manifest.activation)
+
+
+def aggregated(
+    result: ClassifyResult, counts: list[int], aggregate: str, activation: str
+) -> ClassifyResult:
+    """Per text, its windows' rows made one (`counts`: windows per text, in order)."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.intp)
+    probs = result.probabilities
+    if aggregate == "first":
+        rows = probs[starts]
+    elif aggregate == "max":
+        rows = np.maximum.reduceat(probs, starts, axis=0)
+    else:
+        rows = _mean_of_logits(probs, starts, np.asarray(counts), activation)
+    cached = None if result.cached is None else np.logical_and.reduceat(result.cached, starts)
+    return replace(
+        result,
+        probabilities=rows.astype(np.float32),
+        num_tokens=np.add.reduceat(result.num_tokens, starts),
+        truncated=np.logical_or.reduceat(result.truncated, starts),
+        cached=cached,
+        windows=np.asarray(counts, dtype=np.int64),
+    )
+
+
+def _mean_of_logits(
+    probs: np.ndarray, starts: np.ndarray, counts: np.ndarray, activation: str
+) -> np.ndarray:
+    p = probs.astype(np.float64)
+    if activation == "none":
+        return np.add.reduceat(p, starts, axis=0) / counts[:, None]
+    if activation == "softmax":  # log p = logits - a constant per row: the same softmax
+        logits = np.log(np.clip(p, 1e-45, None))
+    else:  # sigmoid
+        clipped = np.clip(p, 1e-12, 1 - 1e-12)
+        logits = np.log(clipped / (1 - clipped))
+    mean = np.add.reduceat(logits, starts, axis=0) / counts[:, None]
+    if activation == "softmax":
+        e = np.exp(mean - mean.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+    return 1 / (1 + np.exp(-mean))
