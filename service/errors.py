@@ -15,6 +15,15 @@ class ValidationError(ServiceError):
     """The request is malformed: no texts, an empty text, too long, a bad option."""
 
 
+class LimitExceededError(ValidationError):
+    """A request over one of the server's per-request limits (`limit`: metric_labels.LIMITS),
+    refused by name and counted in textserve_request_limit_refusals_total."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 class ModelNotFoundError(ServiceError):
     """No such model or version; the message lists what exists."""
 

@@ -60,6 +60,13 @@ FAILURE_REASONS: tuple[str, ...] = (
     "other",  # any other non-OK code
 )
 
+# The per-request limits a request can be refused for: the label `limit` of
+# textserve_request_limit_refusals_total (errors.LimitExceededError).
+LIMITS: tuple[str, ...] = (
+    "texts_per_request",  # --max-texts-per-request
+    "windows_per_request",  # the same limit, on the windows of long texts (dataplane/windows.py)
+)
+
 # Why a model version failed to load: the label `reason` of textserve_model_load_failures_total.
 LOAD_FAILURE_REASONS: tuple[str, ...] = (
     "invalid_manifest",  # manifest.json missing fields or unreadable

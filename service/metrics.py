@@ -42,6 +42,7 @@ from textserve.service.metric_labels import (
     CONFIDENCE_BUCKETS,
     FAILURE_REASONS,
     LATENCY_BUCKETS,
+    LIMITS,
     LOAD_FAILURE_REASONS,
     METHODS,
     PADDING_RATIO_BUCKETS,
@@ -68,6 +69,7 @@ __all__ = [
     "DRAINING",
     "FAILURE_REASONS",
     "LATENCY_BUCKETS",
+    "LIMITS",
     "LOAD_FAILURE_REASONS",
     "METHODS",
     "NO_MODEL",
@@ -225,6 +227,12 @@ class Metrics:
             "model, so textserve_requests_total does not count them)",
             registry=r,
         )
+        self.limit_refusals = Counter(
+            "textserve_request_limit_refusals",
+            "Requests refused for a per-request limit (never split or cut silently), by limit",
+            ["method", "limit"],
+            registry=r,
+        )
         self.request_failures = Counter(
             "textserve_request_failures",
             "Requests that ended with a non-OK status, by reason",
@@ -278,6 +286,9 @@ class Metrics:
         )
         for reason in SPAN_DROP_REASONS:
             self.trace_spans_dropped.labels(reason)
+        for method in METHODS:
+            for limit in LIMITS:
+                self.limit_refusals.labels(method, limit)
 
     # -- models --------------------------------------------------------------------------
 

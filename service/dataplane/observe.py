@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from textserve.service.dataplane.codes import code_name
 from textserve.service.dataplane.prologue import MAX_NAME_CHARS
+from textserve.service.errors import LimitExceededError
 
 if TYPE_CHECKING:
     from textserve.service.dataplane.context import Telemetry
@@ -102,6 +103,8 @@ class Observation:
             code = "DEADLINE_EXCEEDED" if expired else "CANCELLED"
         elif isinstance(exc, Exception):
             code = code_name(exc)
+            if isinstance(exc, LimitExceededError) and self._metrics is not None:
+                self._metrics.limit_refusals.labels(self._method, exc.limit).inc()
         seconds = time.perf_counter() - self._started
         exemplar = None
         if self._telemetry is not None:

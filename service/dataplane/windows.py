@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from textserve.service.errors import ValidationError
+from textserve.service.errors import LimitExceededError, ValidationError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -119,9 +119,10 @@ async def classify_windows(
     counts = [len(p) for p in pieces]
     limit = handle.max_texts_per_request
     if sum(counts) > limit:
-        raise ValidationError(
+        raise LimitExceededError(
             f"the texts make {sum(counts)} windows; at most {limit} per request "
-            "(--max-texts-per-request): send fewer or shorter texts"
+            "(--max-texts-per-request): send fewer or shorter texts",
+            "windows_per_request",
         )
     flat = [piece for p in pieces for piece in p]
     if pairs is None:

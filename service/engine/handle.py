@@ -29,7 +29,7 @@ from textserve.service.engine.inference import (
     ModelCheckError as ModelCheckError,  # re-exported: the repository's loader catches it
 )
 from textserve.service.engine.inference import TextItem, TextRunner
-from textserve.service.errors import ValidationError
+from textserve.service.errors import LimitExceededError, ValidationError
 from textserve.tokenization import Tokenization
 
 if TYPE_CHECKING:
@@ -446,9 +446,10 @@ class ModelHandle:
         if not texts:
             raise ValidationError("no texts: send at least one text")
         if len(texts) > self.max_texts_per_request:
-            raise ValidationError(
+            raise LimitExceededError(
                 f"{len(texts)} texts in one request; the limit is {self.max_texts_per_request} "
-                "(split the request)"
+                "(--max-texts-per-request: split the request)",
+                "texts_per_request",
             )
         for index, text in enumerate(texts):
             if not isinstance(text, str):
