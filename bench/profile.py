@@ -36,7 +36,7 @@ from pathlib import Path
 from textserve.bench.loadgen import closed_loop
 from textserve.bench.process import ServerProcess, echo_command, serve_command, spawn
 from textserve.bench.requests import build_requests, load_texts
-from textserve.bench.scrape import process_cpu_seconds
+from textserve.bench.scrape import process_tree_cpu_seconds
 from textserve.bench.stats import summarize
 
 
@@ -89,7 +89,7 @@ def _measure(
     cpu: list[float] = []
 
     async def probe() -> None:
-        cpu.append(process_cpu_seconds(server.pid) or 0.0)  # type: ignore[arg-type]
+        cpu.append(process_tree_cpu_seconds(server.pid) or 0.0)  # type: ignore[arg-type]
 
     with _sampled(server.pid, svg, args.duration):
         raw, _ = asyncio.run(
@@ -137,14 +137,18 @@ def _targets(
     targets: list[tuple[str, list[str], dict[str, str], str]] = [
         ("echo", echo_command(), {}, "echo")
     ]
-    checkouts = [("", None)] + ([("base-", args.baseline)] if args.baseline else [])
-    for prefix, checkout in checkouts:
+    checkouts = [("", None, [])] + ([("base-", args.baseline, [])] if args.baseline else [])
+    for variant in args.variant or ():  # LABEL:FLAGS, this checkout with more flags
+        label, _, flags = variant.partition(":")
+        checkouts.append((label + "-", None, flags.split()))
+    for prefix, checkout, flags in checkouts:
         env = {} if checkout is None else {"PYTHONPATH": str(checkout)}
         for model in (TRIVIAL_NAME, args.model):
             if args.only and model not in args.only:
                 continue
             label = prefix + ("trivial" if model == TRIVIAL_NAME else "model")
-            targets.append((label, serve_command(scratch, model, extra), env, model))
+            command = serve_command(scratch, model, [*extra, *flags])
+            targets.append((label, command, env, model))
     return targets
 
 
@@ -162,6 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="model names to run (trivial, default)")
     parser.add_argument(
         "--server-args", default="--workers 1", help="`textserve serve` flags (--workers 1)"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        help="LABEL:FLAGS, this checkout again with more `serve` flags (e.g. 'proc:--engine "
+        "process'), beside the others",
     )
     parser.add_argument("--flamegraphs", type=Path, help="write py-spy SVGs here")
     parser.add_argument("--output", type=Path, help="write the rows as JSON here")

@@ -13,6 +13,7 @@ import os
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -71,6 +72,28 @@ def process_cpu_seconds(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def process_tree_cpu_seconds(pid: int) -> float | None:
+    """process_cpu_seconds of `pid` and every live descendant (an engine process, workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text("ascii").rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    own = process_cpu_seconds(pid)
+    if own is None:
+        return None
+    total, todo = own, list(children.get(pid, ()))
+    while todo:
+        child = todo.pop()
+        total += process_cpu_seconds(child) or 0.0
+        todo.extend(children.get(child, ()))
+    return total
 
 
 def fetch(url: str, timeout: float = 5.0) -> str:

@@ -17,6 +17,7 @@ from textserve.service.config import (
     ARENA_STRATEGIES,
     CONV_ALGO_SEARCHES,
     DEVICES,
+    ENGINES,
     IO_BINDINGS,
     BatcherConfig,
     CudaConfig,
@@ -99,6 +100,13 @@ def _add_cuda_arguments(parser: argparse.ArgumentParser) -> None:
         runtime.io_binding,
         "run through an onnxruntime IOBinding; auto: with CUDA, not on CPU",
         choices=IO_BINDINGS,
+    )
+    flag(
+        "engine",
+        runtime.engine,
+        "where batches are tokenized and run: thread (in the serving process) or process "
+        "(a process per model version, off the event loop's GIL)",
+        choices=ENGINES,
     )
 
 
@@ -485,6 +493,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                     conv_algo_search=args.cudnn_conv_algo_search,
                 ),
                 io_binding=args.io_binding,
+                engine=args.engine,
             ),
             batcher=BatcherConfig(
                 max_batch_size=defaults.max_batch_size

@@ -21,6 +21,7 @@ DEVICES = ("auto", "cpu", "cuda")
 ARENA_STRATEGIES = ("same-as-requested", "next-power-of-two")
 CONV_ALGO_SEARCHES = ("default", "heuristic", "exhaustive")
 IO_BINDINGS = ("auto", "on", "off")
+ENGINES = ("thread", "process")  # where a version's batches run (service/engine/remote.py)
 
 
 def usable_cpus() -> int:
@@ -169,8 +170,13 @@ class RuntimeConfig:
     # auto: with CUDA (it saves the session's own copies of the feeds), off on CPU (no copy to
     # save there: measured the same); on/off force it.
     io_binding: str = "auto"
+    # Where batches are tokenized and run: "thread", the serving process's inference thread;
+    # "process", a process of their own per version, off the event loop's GIL (remote.py).
+    engine: str = "thread"
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.device not in DEVICES:
             raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.io_binding not in IO_BINDINGS:
@@ -288,6 +294,11 @@ class ServerConfig:
         if not 0 <= self.trace_sample_ratio <= 1:
             raise ConfigError(
                 f"--trace-sample-ratio must be between 0 and 1, got {self.trace_sample_ratio}"
+            )
+        if self.runtime.engine == "process" and self.cache_size is not None:
+            raise ConfigError(
+                "--engine process does not take --cache-size yet: the cache lives with the "
+                "tokenizer, in the engine process (leave one of them out)"
             )
         if self.access_log not in ("off", "json"):
             raise ConfigError(f"--access-log must be off or json, got {self.access_log!r}")

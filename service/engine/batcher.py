@@ -137,7 +137,8 @@ class Batcher(Generic[P]):
         clock: Callable[[], float] = time.monotonic,
         trace_attributes: Mapping[str, str | int] | None = None,
     ) -> None:
-        self._run_batch = run_batch
+        # The batch function (replaceable before start(): ModelHandle.use_engine)
+        self.run_batch = run_batch
         # What a batch span says of the model (model, version, provider), when one is traced.
         self.trace_attributes: Mapping[str, str | int] = trace_attributes or {}
         self.config = config
@@ -451,7 +452,7 @@ class Batcher(Generic[P]):
         while True:
             started = self._clock()
             try:
-                result: np.ndarray | BatchOutput | None = self._run_batch(
+                result: np.ndarray | BatchOutput | None = self.run_batch(
                     [item.payload for item in batch]
                 )
                 failure: Exception | None = None

@@ -23,7 +23,7 @@ import numpy as np
 from textserve.artifact import Manifest
 from textserve.service.config import BatcherConfig
 from textserve.service.engine.batcher import Batcher
-from textserve.service.engine.batches import BatchResult, BatchStats, BatchTrace
+from textserve.service.engine.batches import BatchOutput, BatchResult, BatchStats, BatchTrace
 from textserve.service.engine.cache import Hit, VersionCache
 from textserve.service.engine.inference import (
     ModelCheckError as ModelCheckError,  # re-exported: the repository's loader catches it
@@ -35,6 +35,7 @@ from textserve.tokenization import Tokenization
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from textserve.service.engine.remote import EngineProcess
     from textserve.service.engine.runtime import Session
     from textserve.service.metrics import Metrics
 
@@ -121,6 +122,7 @@ class ModelHandle:
         # a retired version is released only once this reaches zero (see drain()).
         self._active = 0
         self._inactive: asyncio.Event | None = None
+        self._engine: EngineProcess | None = None  # --engine process: where batches run
         self.batcher: Batcher[TextItem] = Batcher(
             self.runner,
             batcher_config,
@@ -157,6 +159,24 @@ class ModelHandle:
         """Answer repeated texts from `cache` (before it serves: the repository calls this)."""
         self.cache = self.runner.cache = cache
 
+    def use_engine(self, engine: EngineProcess) -> None:
+        """Run this version's batches in `engine` (--engine process), before start(): this
+        process keeps the check, the warm-up, the queue and the metrics."""
+        runner = self.runner
+
+        def run_batch(payloads: list[TextItem]) -> BatchOutput:
+            output = engine(payloads)
+            runner.observe_output(output)
+            return output
+
+        self._engine = engine
+        self.batcher.run_batch = run_batch
+
+    async def _close_engine(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await asyncio.to_thread(engine.close)
+
     def start(self) -> None:
         self.runner.predictions = self._predictions  # from now on (warm-up runs are not answers)
         self.batcher.start()
@@ -166,6 +186,7 @@ class ModelHandle:
 
     async def close(self, timeout: float | None = 0.0) -> None:
         await self.batcher.close(timeout)
+        await self._close_engine()
 
     async def drain(self, timeout: float | None) -> None:
         """Retire this version once the repository no longer hands it out: wait up to `timeout`
@@ -185,6 +206,7 @@ class ModelHandle:
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         await self.batcher.close(left)
         self.runner.session.close()
+        await self._close_engine()
 
     async def _wait_inactive(self) -> None:
         assert self._inactive is not None

@@ -102,6 +102,7 @@ def row_dtype(num_labels: int) -> np.dtype:
             ("full_tokens", np.int64),  # tokens before truncation
             ("tokenize_seconds", np.float64),  # tokenization of the text's batch
             ("cached", np.bool_),  # answered from the response cache, not run
+            ("answered", np.bool_),  # run (or cached) and answered: what predictions count
         ]
     )
 
@@ -234,7 +235,7 @@ class TextRunner:
             self._observer.on_tokenize(tokenized - started)
         runs: list[RunStats] = []
         if not keep:  # every text of the batch was refused (or answered from the cache)
-            self._count_predictions(out, errors)
+            self._count_predictions(out)
             return BatchOutput(out, runs, errors)
         lengths = [len(encoded[row].ids) for row in keep]
         # Padded once, sorted by length; each sub-batch is a slice as wide as its longest text.
@@ -248,6 +249,10 @@ class TextRunner:
             errors = errors or {}
             errors.update(self._blame(payloads, keep, failed))
         out["probabilities"][keep] = self._activate(logits)
+        answered = out["answered"]
+        answered[keep] = True
+        if failed:
+            answered[[keep[index] for index in failed]] = False
         if cache is not None:
             for index, row in enumerate(keep):
                 if index not in failed and payloads[row].pair is None:  # (pairs: not cached)
@@ -255,19 +260,25 @@ class TextRunner:
                         payloads[row].text, encoded[row].ids, int(out["full_tokens"][row]),
                         out["probabilities"][row],
                     )  # fmt: skip
-        self._count_predictions(out, errors)
+        self._count_predictions(out)
         return BatchOutput(out, runs, errors)
 
-    def _count_predictions(self, out: np.ndarray, errors: dict[int, Exception] | None) -> None:
-        """Count the batch's answered rows (not those refused or failed) by winning label."""
+    def observe_output(self, output: BatchOutput) -> None:
+        """The observations a batch run elsewhere (remote.EngineProcess) owes this process's
+        metrics: its tokenization time and its answered rows by label."""
+        out = output.outputs
+        if self._observer is not None and len(out):
+            self._observer.on_tokenize(float(out["tokenize_seconds"].max()))
+        self._count_predictions(out)
+
+    def _count_predictions(self, out: np.ndarray) -> None:
+        """Count the batch's answered rows by winning label: not those refused or failed, nor
+        the other texts of a refused request (they never ran)."""
         if self.predictions is None:
             return
+        answered = out["answered"]
         probabilities = out["probabilities"]
-        if errors:
-            answered = np.ones(len(out), np.bool_)
-            answered[list(errors)] = False
-            probabilities = probabilities[answered]
-        self.predictions.observe(probabilities)
+        self.predictions.observe(probabilities if answered.all() else probabilities[answered])
 
     @staticmethod
     def _answer_cached(
@@ -289,6 +300,7 @@ class TextRunner:
                 continue
             out["probabilities"][row] = hit
             out["cached"][row] = True
+            out["answered"][row] = True
             cache.store(payloads[row].text, ids, int(out["full_tokens"][row]), hit)
         return left
 

@@ -106,6 +106,7 @@ def load_version_dir(
     from textserve.service.engine.runtime import ContractError, DeviceUnavailableError, Session
 
     manifest, files, model = _open(path)
+    model_bytes: bytes | None = None  # --engine process: what the engine process loads
     with model:  # the verified descriptor, closed once onnxruntime has read it
         if (manifest.name, manifest.version) != identity(path):
             raise LoadError(
@@ -125,6 +126,8 @@ def load_version_dir(
                 source=path / MODEL_FILE,
                 inputs=manifest.inputs,
             )
+            if config.runtime.engine == "process":
+                model_bytes = Path(model.path).read_bytes()
             model.unchanged()  # what onnxruntime read is what was hashed
         except DeviceUnavailableError:
             raise
@@ -159,4 +162,24 @@ def load_version_dir(
         except Exception as exc:
             session.close()
             raise LoadError(f"{path}: warm-up failed: {exc}", "warmup_error") from None
+    if model_bytes is not None:
+        _use_engine_process(handle, model_bytes, files[TOKENIZER_FILE], config)
     return handle
+
+
+def _use_engine_process(
+    handle: ModelHandle, model: bytes, tokenizer: bytes, config: ServerConfig
+) -> None:
+    """--engine process: the version's batches run in a process of their own."""
+    from textserve.service.engine.remote import EngineProcess
+
+    try:
+        engine = EngineProcess(
+            model, tokenizer, handle.manifest, config.runtime, config.batcher.max_batch_tokens
+        )
+    except Exception as exc:
+        handle.runner.session.close()
+        raise LoadError(
+            f"{handle.path}: the engine process failed: {exc}", "session_error"
+        ) from None
+    handle.use_engine(engine)

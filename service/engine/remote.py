@@ -1,0 +1,224 @@
+"""A model version's batch function in a process of its own (`--engine process`).
+
+    engine = EngineProcess(model_bytes, tokenizer_bytes, manifest, runtime, max_batch_tokens)
+    output = engine(payloads)      # the batcher's executor thread: tokenize + run, over a pipe
+    engine.close()
+
+Why: with the batch function in the serving process, its event loop (gRPC, HTTP, the data
+plane) and the inference thread share one GIL, and the profile says the loop is the bottleneck
+(docs/performance.md, "Where a request's time goes"): the inference thread's Python (tokenized
+rows, padding, activation, the batch's bookkeeping) takes the GIL from the loop for ~0.15 ms a
+text. Here that work runs in another process on another core; the serving process's executor
+thread only sends the batch's texts and waits for its rows (a pipe read releases the GIL).
+
+The engine process gets the bytes the repository verified (model.onnx and tokenizer.json), not
+paths, so it runs exactly what was hashed; it builds the same Session and TextRunner as the
+serving process (check and warm-up stay there, on its own session) and answers one batch at a
+time. It ends when told to, or when its pipe closes (the serving process died): never an
+orphan. A batch it cannot answer (the process died) fails with InternalError, and the next
+batch starts a new engine process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import pickle
+import threading
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from textserve.service.engine.batches import BatchOutput
+from textserve.service.errors import InternalError
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from textserve.artifact import Manifest
+    from textserve.service.config import RuntimeConfig
+    from textserve.service.engine.inference import TextItem
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT = 120.0  # seconds an engine process may take to load its model
+STOP_TIMEOUT = 5.0
+
+# One payload on the pipe: (text, truncate, position, request key, pair). The request object of
+# a TextItem groups the texts of one request; it travels as a small key per batch.
+Wire = tuple[str, bool, int, int, "str | None"]
+
+
+def to_wire(payloads: Sequence[TextItem]) -> list[Wire]:
+    keys: dict[int, int] = {}
+    return [
+        (p.text, p.truncate, p.position, keys.setdefault(id(p.request), len(keys)), p.pair)
+        for p in payloads
+    ]
+
+
+class EngineProcess:
+    """The batch function of one version, run by a child process (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: bytes,
+        tokenizer: bytes,
+        manifest: Manifest,
+        runtime: RuntimeConfig,
+        max_batch_tokens: int,
+    ) -> None:
+        self._spec = (model, tokenizer, manifest, runtime, max_batch_tokens)
+        self._name = f"engine-{manifest.name}-{manifest.version}"
+        self._lock = threading.Lock()  # one batch on the pipe at a time
+        self._conn: Connection | None = None
+        self._process: Any = None
+        self._closed = False
+        self._start()
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process running grpc
+        conn, child = context.Pipe()
+        process = context.Process(
+            target=serve, args=(child, *self._spec), name=self._name, daemon=True
+        )
+        process.start()
+        child.close()
+        if not conn.poll(START_TIMEOUT):
+            process.kill()
+            raise InternalError(f"{self._name} did not start within {START_TIMEOUT:.0f} s")
+        kind, value = conn.recv()
+        if kind != "ready":
+            process.join(STOP_TIMEOUT)
+            raise InternalError(f"{self._name} failed to start: {value}")
+        self._conn, self._process = conn, process
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def __call__(self, payloads: list[TextItem]) -> BatchOutput:
+        """Executor thread: the batch's BatchOutput, computed by the engine process."""
+        wire = to_wire(payloads)
+        with self._lock:
+            if self._closed:
+                raise InternalError(f"{self._name} is closed")
+            if self._conn is None:
+                self._start()  # the last one died: a new one for this batch
+            assert self._conn is not None
+            try:
+                self._conn.send(wire)
+                kind, value = self._conn.recv()
+            except (EOFError, OSError) as exc:
+                self._reap()
+                raise InternalError(f"{self._name} died during a batch ({exc!r})") from None
+        if kind == "error":
+            raise value
+        outputs, runs, errors = value
+        return BatchOutput(outputs, runs, errors)
+
+    def _reap(self) -> None:
+        logger.error("%s (pid %s) died; the next batch starts a new one", self._name, self.pid)
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None:
+            self._process.join(STOP_TIMEOUT)
+        self._conn, self._process = None, None
+
+    def close(self) -> None:
+        """Stop the engine process (idempotent): asked first, killed if it does not go."""
+        with self._lock:
+            self._closed = True
+            conn, process = self._conn, self._process
+            self._conn, self._process = None, None
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+            conn.close()
+        if process is not None:
+            process.join(STOP_TIMEOUT)
+            if process.is_alive():
+                process.kill()
+                process.join(STOP_TIMEOUT)
+
+
+def serve(
+    conn: Connection,
+    model: bytes,
+    tokenizer_bytes: bytes,
+    manifest: Manifest,
+    runtime: RuntimeConfig,
+    max_batch_tokens: int,
+) -> None:
+    """The engine process: build the version's batch function, then answer batches until told
+    to stop or the pipe closes."""
+    try:
+        runner = _runner(model, tokenizer_bytes, manifest, runtime, max_batch_tokens)
+    except BaseException as exc:
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    del model
+    conn.send(("ready", None))
+    from textserve.service.engine.inference import TextItem
+
+    while True:
+        try:
+            wire = conn.recv()
+        except (EOFError, OSError):
+            return  # the serving process is gone
+        if wire is None:
+            return
+        requests: dict[int, object] = {}
+        payloads = [
+            TextItem(text, truncate, position, requests.setdefault(key, object()), pair)
+            for text, truncate, position, key, pair in wire
+        ]
+        try:
+            output = runner(payloads)
+            errors = None if not output.errors else _portable(output.errors)
+            reply: tuple[str, Any] = ("ok", (output.outputs, output.runs, errors))
+        except Exception as exc:  # the serving process fails the batch with it
+            reply = ("error", _portable({0: exc})[0])
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+
+
+def _portable(errors: Mapping[int, Exception]) -> dict[int, Exception]:
+    """The errors as they can cross the pipe: one whose class cannot be rebuilt from its
+    message alone (a required argument beside it) becomes an InternalError saying it."""
+    out: dict[int, Exception] = {}
+    for row, exc in errors.items():
+        try:
+            pickle.loads(pickle.dumps(exc))
+            out[row] = exc
+        except Exception:
+            out[row] = InternalError(f"{type(exc).__name__}: {exc}")
+    return out
+
+
+def _runner(
+    model: bytes,
+    tokenizer_bytes: bytes,
+    manifest: Manifest,
+    runtime: RuntimeConfig,
+    max_batch_tokens: int,
+) -> Any:
+    from tokenizers import Tokenizer
+
+    from textserve.service.engine.inference import TextRunner
+    from textserve.service.engine.runtime import Session
+    from textserve.tokenization import Tokenization
+
+    session = Session(model, runtime, inputs=manifest.inputs)
+    tokenizer = Tokenizer.from_buffer(tokenizer_bytes)
+    return TextRunner(
+        session,
+        Tokenization.for_manifest(tokenizer, manifest),
+        labels=manifest.labels,
+        max_batch_tokens=max_batch_tokens,
+        activation=manifest.activation,
+        name=manifest.name,
+        version=manifest.version,
+    )
