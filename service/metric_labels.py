@@ -18,9 +18,11 @@ METHODS: tuple[str, ...] = (
     "ClassifyStream",
     "ModelInfer",
     "Rerank",
+    "ZeroShot",
     "HttpClassify",
     "HttpInfer",
     "HttpRerank",
+    "HttpZeroShot",
 )
 
 # gRPC status code names (grpc.StatusCode.X.name); the label `code` takes exactly these values.

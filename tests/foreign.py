@@ -259,3 +259,31 @@ def build(
 def tokenizer_for(arch: str) -> tuple[Tokenizer, dict[str, str]]:
     """The trained tokenizer `build` gives `arch` (train once, pass to several builds)."""
     return _TOKENIZERS[arch]()
+
+
+LABELS = ["negative", "neutral", "positive"]
+
+
+def classifier_and_reranker(root: Path) -> dict[str, Path]:
+    """A 3-label BERT classifier (LABELS) and a one-output BERT cross-encoder, one tokenizer."""
+    wordpiece = tokenizer_for("bert")
+    return {
+        "classifier": build(
+            "bert",
+            root / "classifier",
+            tokenizer=wordpiece,
+            id2label=dict(enumerate(LABELS)),
+            label2id={label: i for i, label in enumerate(LABELS)},
+        ),
+        "reranker": build("bert", root / "reranker", tokenizer=wordpiece, num_labels=1),
+    }
+
+
+def export_all(folders: dict[str, Path], repository: Path) -> Path:
+    """`textserve export` of each folder under its name into `repository`."""
+    from textserve import cli
+
+    for name, folder in folders.items():
+        argv = ["export", str(folder), "--repository", str(repository), "--name", name]
+        assert cli.main([*argv, "--threads", "1"]) == 0, name
+    return repository

@@ -148,6 +148,32 @@ def _rerank_request(
     return request
 
 
+def _zero_shot_request(
+    texts: Sequence[str],
+    candidate_labels: Sequence[str],
+    hypothesis_template: str,
+    multi_label: bool,
+    model: str | None,
+    version: int | None,
+    truncate: bool | None,
+    request_id: str,
+) -> pb.ZeroShotRequest:
+    if isinstance(texts, str) or isinstance(candidate_labels, str):
+        raise TypeError("texts and candidate_labels must be sequences of strings, not strings")
+    request = pb.ZeroShotRequest(
+        id=request_id,
+        texts=list(texts),
+        candidate_labels=list(candidate_labels),
+        hypothesis_template=hypothesis_template,
+        multi_label=multi_label,
+        model=model or "",
+        version=version or 0,
+    )
+    if truncate is not None:
+        request.truncate = truncate
+    return request
+
+
 def _traced(metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
     """`metadata` plus the caller's W3C trace context (traceparent), when it has a current
     span. A process that never imported opentelemetry has none: nothing is imported then."""
@@ -349,6 +375,27 @@ class Client(BlockingClient):
             request_id,
         )  # fmt: skip
         return self._call(self._next().Rerank, request, timeout)
+
+    def zero_shot(
+        self,
+        texts: Sequence[str],
+        candidate_labels: Sequence[str],
+        *,
+        hypothesis_template: str = "",
+        multi_label: bool = False,
+        model: str | None = None,
+        version: int | None = None,
+        truncate: bool | None = None,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> pb.ZeroShotResponse:
+        """Each text scored against `candidate_labels` by an NLI model: per text, every label
+        with its score, best first."""
+        request = _zero_shot_request(
+            texts, candidate_labels, hypothesis_template, multi_label, model, version, truncate,
+            request_id,
+        )  # fmt: skip
+        return self._call(self._next().ZeroShot, request, timeout)
 
     def list_models(self) -> pb.ListModelsResponse:
         return self._call(self.stub.ListModels, pb.ListModelsRequest())

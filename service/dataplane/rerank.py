@@ -109,8 +109,12 @@ async def rerank(
 
 def ranking(call: RerankCall, answer: Classification) -> Ranking:
     handle = answer.handle
-    column = answer.result.probabilities[:, relevance_column(handle)]
-    scores = raw(column, handle.manifest.activation) if call.raw_scores else column
+    index = relevance_column(handle)
+    column = answer.result.probabilities[:, index]
+    scores = column
+    if call.raw_scores:  # the graph's logit; derived from the score when not run (windows)
+        logits = answer.result.logits
+        scores = raw(column, handle.manifest.activation) if logits is None else logits[:, index]
     order = np.argsort(-column, kind="stable")
     if call.top_n:
         order = order[: call.top_n]

@@ -155,6 +155,7 @@ def aggregated(
         truncated=np.logical_or.reduceat(result.truncated, starts),
         cached=cached,
         windows=np.asarray(counts, dtype=np.int64),
+        logits=None,  # a text's logits are its windows': aggregated as scores above
     )
 
 

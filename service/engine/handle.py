@@ -67,6 +67,8 @@ class ClassifyResult:
     timings: Timings
     cached: np.ndarray | None = None  # bool (n,): answered from the response cache; None: none
     windows: np.ndarray | None = None  # int64 (n,): windows per text, when split (windows.py)
+    # float32 (n, num_labels): the graph's logits, when every row ran (none from the cache)
+    logits: np.ndarray | None = None
 
     @property
     def cached_count(self) -> int:
@@ -454,6 +456,7 @@ class ModelHandle:
         probabilities = np.ascontiguousarray(rows["probabilities"])
         return ClassifyResult(
             probabilities=probabilities,
+            logits=None if rows["cached"].any() else rows["logits"],
             num_tokens=num_tokens,
             truncated=truncated,
             timings=Timings(

@@ -98,6 +98,7 @@ def row_dtype(num_labels: int) -> np.dtype:
     return np.dtype(
         [
             ("probabilities", np.float32, (num_labels,)),  # the activation's scores
+            ("logits", np.float32, (num_labels,)),  # the graph's, before the activation (a run)
             ("num_tokens", np.int64),  # tokens the model saw
             ("full_tokens", np.int64),  # tokens before truncation
             ("tokenize_seconds", np.float64),  # tokenization of the text's batch
@@ -249,6 +250,7 @@ class TextRunner:
             errors = errors or {}
             errors.update(self._blame(payloads, keep, failed))
         out["probabilities"][keep] = self._activate(logits)
+        out["logits"][keep] = logits
         answered = out["answered"]
         answered[keep] = True
         if failed:

@@ -25,7 +25,15 @@ import numpy as np
 from textserve.service.dataplane.classify import Classification, ClassifyCall
 from textserve.service.dataplane.classify import classify as classify_op
 from textserve.service.dataplane.rerank import Ranking, RerankCall, raw, rerank
+from textserve.service.dataplane.zeroshot import (
+    DEFAULT_TEMPLATE,
+    ZeroShot,
+    ZeroShotCall,
+    v1_zero_shot_response,
+    zero_shot,
+)
 from textserve.service.errors import ValidationError
+from textserve.service.http.jsonify import to_json
 from textserve.service.http.messages import (
     AppView,
     Request,
@@ -39,6 +47,7 @@ from textserve.service.http.messages import (
 
 CLASSIFY = "HttpClassify"  # the `method` label of the metrics
 RERANK = "HttpRerank"
+ZERO_SHOT = "HttpZeroShot"
 
 
 def _json(document: Any) -> Response:
@@ -140,8 +149,13 @@ async def tei_predict(app: AppView, request: Request) -> Response:
     )
 
     def encode(answer: Classification) -> Response:
-        probs = answer.result.probabilities
-        scores = _raw_scores(probs, answer.handle.manifest.activation) if raw_scores else probs
+        result = answer.result
+        probs = result.probabilities
+        scores = probs
+        if raw_scores:  # the graph's logits; derived from the scores for cached answers
+            logits = result.logits
+            activation = answer.handle.manifest.activation
+            scores = _raw_scores(probs, activation) if logits is None else logits
         order = np.argsort(-probs, axis=1, kind="stable").tolist()
         labels, rows = answer.handle.labels, scores.astype(np.float64).tolist()
         out = [
@@ -314,10 +328,63 @@ async def vllm_classify(app: AppView, request: Request) -> Response:
     )
 
 
+# -- zero-shot (textserve.v1 ZeroShot in JSON, and the Hugging Face Inference API's shape) ------
+
+
+def _candidates(value: Any) -> list[str]:
+    """`candidate_labels`: a list of strings, or one string of comma-separated labels (as the
+    Hugging Face Inference API takes it)."""
+    if isinstance(value, str):
+        value = [label.strip() for label in value.split(",")]
+    return _texts(value, "candidate_labels")
+
+
+async def zero_shot_route(app: AppView, request: Request) -> Response:
+    """POST /v1/zero-shot: {"texts", "candidate_labels", ...} answers ZeroShotResponse's JSON;
+    {"inputs", "parameters": {"candidate_labels", ...}} answers as the Hugging Face Inference
+    API does: [{"label", "score"}, ...] best first (a list of them per text for a list)."""
+    document = parse_json_object(request.body)
+    hugging_face = "texts" not in document and "inputs" in document
+    options = document
+    if hugging_face:
+        inputs = document["inputs"]
+        texts = [_text(inputs, "`inputs`")] if isinstance(inputs, str) else _texts(inputs, "inputs")
+        options = {**document, **typed(document, "parameters", dict, {})}
+    else:
+        texts = _texts(document.get("texts"), "texts")
+    call = ZeroShotCall(
+        texts,
+        _candidates(options.get("candidate_labels")),
+        _text(
+            typed(options, "hypothesis_template", str, DEFAULT_TEMPLATE), "`hypothesis_template`"
+        ),
+        typed(options, "multi_label", bool, False),
+        model=_model(options),
+        version=typed(options, "version", int, 0),
+        truncate=typed(options, "truncate", bool, None),
+        id=_text(typed(options, "id", str, ""), "`id`"),
+    )
+
+    def encode(answer: ZeroShot) -> Response:
+        if not hugging_face:
+            return _json(to_json(v1_zero_shot_response(answer)))
+        labels = call.candidate_labels
+        out = [
+            [{"label": labels[i], "score": scores[i]} for i in order]
+            for order, scores in zip(answer.order, answer.scores, strict=True)
+        ]
+        return _json(out[0] if isinstance(document["inputs"], str) else out)
+
+    return await zero_shot(
+        app.ctx, call, encode, method=ZERO_SHOT, deadline=request.deadline, context=request
+    )
+
+
 ROUTES: dict[str, dict[str, Route]] = {
     "/predict": {"POST": Route(tei_predict, body=True, inference=True, errors=tei_error)},
     "/rerank": {"POST": Route(tei_rerank, body=True, inference=True, errors=tei_error)},
     "/v1/rerank": {"POST": Route(cohere_rerank, body=True, inference=True, errors=cohere_error)},
     "/v2/rerank": {"POST": Route(cohere_rerank, body=True, inference=True, errors=cohere_error)},
     "/classify": {"POST": Route(vllm_classify, body=True, inference=True, errors=openai_error)},
+    "/v1/zero-shot": {"POST": Route(zero_shot_route, body=True, inference=True)},
 }

@@ -60,6 +60,7 @@ _SUMMARIES = {
     "/v1/rerank": "Cohere (v1) and Jina rerank: query, documents, top_n, return_documents",
     "/v2/rerank": "Cohere (v2) rerank: query, documents, top_n",
     "/classify": "vLLM classify: input -> each label's probability (OpenAI-style list)",
+    "/v1/zero-shot": "zero-shot: texts scored against candidate_labels by an NLI model",
 }
 _STRINGS = {"type": "array", "items": {"type": "string"}}
 _BODIES: dict[str, dict[str, Any]] = {
@@ -117,6 +118,20 @@ _BODIES: dict[str, dict[str, Any]] = {
     },
 }
 _BODIES["/v2/rerank"] = _BODIES["/v1/rerank"]
+_BODIES["/v1/zero-shot"] = {
+    "type": "object",
+    "properties": {
+        "texts": _STRINGS,
+        "inputs": {"description": "Hugging Face style, with `parameters`: a text or a list"},
+        "parameters": {"type": "object"},
+        "candidate_labels": {"oneOf": [_STRINGS, {"type": "string"}]},
+        "hypothesis_template": {"type": "string"},
+        "multi_label": {"type": "boolean"},
+        "model": {"type": "string"},
+        "version": {"type": "integer", "minimum": 0},
+        "truncate": {"type": "boolean"},
+    },
+}
 _BODIES["/v1/classify"] = _CLASSIFY_BODY
 _MODEL_SUMMARIES = {
     "": "KServe v2 model metadata",

@@ -18,6 +18,7 @@ from textserve.service.dataplane.classify import ClassifyCall, classify, v1_resp
 from textserve.service.dataplane.prologue import resolve
 from textserve.service.dataplane.rerank import RerankCall, rerank, v1_rerank_response
 from textserve.service.dataplane.windows import Windows, checked
+from textserve.service.dataplane.zeroshot import ZeroShotCall, v1_zero_shot_response, zero_shot
 from textserve.service.servicers.convert import model_summary, version_statuses
 from textserve.service.servicers.status import deadline_of, grpc_errors
 from textserve.service.servicers.stream import ClassifyStreamCall
@@ -71,6 +72,20 @@ def rerank_call_of(request: pb.RerankRequest) -> RerankCall:
     )
 
 
+def zero_shot_call_of(request: pb.ZeroShotRequest) -> ZeroShotCall:
+    """The data plane's call of a textserve.v1 ZeroShotRequest."""
+    return ZeroShotCall(
+        request.texts,
+        request.candidate_labels,
+        request.hypothesis_template,
+        request.multi_label,
+        request.model,
+        request.version,
+        request.truncate if request.HasField("truncate") else None,
+        request.id,
+    )
+
+
 def model_contract(handle: ModelHandle) -> dict[str, Any]:
     """ModelInfo's fields from the manifest's contract: source, activation, inputs, threshold."""
     manifest = handle.manifest
@@ -110,6 +125,17 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
             rerank_call_of(request),
             v1_rerank_response,
             method="Rerank",
+            deadline=deadline_of(context),
+            context=context,
+        )
+
+    @grpc_errors
+    async def ZeroShot(self, request: pb.ZeroShotRequest, context: Any) -> pb.ZeroShotResponse:
+        return await zero_shot(
+            self._ctx,
+            zero_shot_call_of(request),
+            v1_zero_shot_response,
+            method="ZeroShot",
             deadline=deadline_of(context),
             context=context,
         )

@@ -16,16 +16,32 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests import foreign
 from tests.serving import RunningServer, running_server
-from textserve import cli
 from textserve.artifact import TOKENIZER_FILE
 from textserve.service.dataplane.windows import split
 from textserve.tokenization import load_tokenizer
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
-LABELS = ["negative", "neutral", "positive"]
+LABELS = foreign.LABELS
 QUERY = "is this film any good"
-WORDS = "a gripping film with a fine cast but the plot is dull and the acting wooden".split()
+WORDS = [
+    "a",
+    "gripping",
+    "film",
+    "with",
+    "a",
+    "fine",
+    "cast",
+    "but",
+    "the",
+    "plot",
+    "is",
+    "dull",
+    "and",
+    "the",
+    "acting",
+    "wooden",
+]
 
 
 def long_text(words: int, seed: int = 0) -> str:
@@ -35,22 +51,8 @@ def long_text(words: int, seed: int = 0) -> str:
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
-    root = tmp_path_factory.mktemp("hf")
-    wordpiece = foreign.tokenizer_for("bert")
-    folders = {
-        "classifier": foreign.build(
-            "bert",
-            root / "classifier",
-            tokenizer=wordpiece,
-            id2label=dict(enumerate(LABELS)),
-            label2id={label: i for i, label in enumerate(LABELS)},
-        ),
-        "reranker": foreign.build("bert", root / "reranker", tokenizer=wordpiece, num_labels=1),
-    }
-    repo = tmp_path_factory.mktemp("models")
-    for name, folder in folders.items():
-        argv = ["export", str(folder), "--repository", str(repo), "--name", name]
-        assert cli.main([*argv, "--threads", "1"]) == 0, name
+    folders = foreign.classifier_and_reranker(tmp_path_factory.mktemp("hf"))
+    repo = foreign.export_all(folders, tmp_path_factory.mktemp("models"))
     with running_server(repo, metrics_port=0, model="classifier") as srv:
         yield srv, repo
 

@@ -174,6 +174,46 @@ class RerankResponse(_message.Message):
     timing: Timing
     def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[RankedDocument, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
 
+class ZeroShotRequest(_message.Message):
+    __slots__ = ("id", "texts", "candidate_labels", "hypothesis_template", "multi_label", "model", "version", "truncate")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_LABELS_FIELD_NUMBER: _ClassVar[int]
+    HYPOTHESIS_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    MULTI_LABEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    candidate_labels: _containers.RepeatedScalarFieldContainer[str]
+    hypothesis_template: str
+    multi_label: bool
+    model: str
+    version: int
+    truncate: bool
+    def __init__(self, id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., candidate_labels: _Optional[_Iterable[str]] = ..., hypothesis_template: _Optional[str] = ..., multi_label: _Optional[bool] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class ZeroShotResult(_message.Message):
+    __slots__ = ("labels",)
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.RepeatedCompositeFieldContainer[LabelScore]
+    def __init__(self, labels: _Optional[_Iterable[_Union[LabelScore, _Mapping]]] = ...) -> None: ...
+
+class ZeroShotResponse(_message.Message):
+    __slots__ = ("id", "model", "model_version", "results", "timing")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    model: str
+    model_version: int
+    results: _containers.RepeatedCompositeFieldContainer[ZeroShotResult]
+    timing: Timing
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ZeroShotResult, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+
 class VersionStatus(_message.Message):
     __slots__ = ("version", "state", "reason")
     VERSION_FIELD_NUMBER: _ClassVar[int]

@@ -59,6 +59,11 @@ class ClassifierStub:
                 request_serializer=textserve_dot_v1_dot_classifier__pb2.RerankRequest.SerializeToString,
                 response_deserializer=textserve_dot_v1_dot_classifier__pb2.RerankResponse.FromString,
                 _registered_method=True)
+        self.ZeroShot = channel.unary_unary(
+                '/textserve.v1.Classifier/ZeroShot',
+                request_serializer=textserve_dot_v1_dot_classifier__pb2.ZeroShotRequest.SerializeToString,
+                response_deserializer=textserve_dot_v1_dot_classifier__pb2.ZeroShotResponse.FromString,
+                _registered_method=True)
 
 
 class ClassifierServicer:
@@ -102,6 +107,14 @@ class ClassifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ZeroShot(self, request, context):
+        """Texts scored against labels chosen per request by an NLI model (labels entailment, and
+        contradiction for multi_label), as transformers' zero-shot-classification pipeline does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClassifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +142,11 @@ def add_ClassifierServicer_to_server(servicer, server):
                     servicer.Rerank,
                     request_deserializer=textserve_dot_v1_dot_classifier__pb2.RerankRequest.FromString,
                     response_serializer=textserve_dot_v1_dot_classifier__pb2.RerankResponse.SerializeToString,
+            ),
+            'ZeroShot': grpc.unary_unary_rpc_method_handler(
+                    servicer.ZeroShot,
+                    request_deserializer=textserve_dot_v1_dot_classifier__pb2.ZeroShotRequest.FromString,
+                    response_serializer=textserve_dot_v1_dot_classifier__pb2.ZeroShotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +284,33 @@ class Classifier:
             '/textserve.v1.Classifier/Rerank',
             textserve_dot_v1_dot_classifier__pb2.RerankRequest.SerializeToString,
             textserve_dot_v1_dot_classifier__pb2.RerankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ZeroShot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/textserve.v1.Classifier/ZeroShot',
+            textserve_dot_v1_dot_classifier__pb2.ZeroShotRequest.SerializeToString,
+            textserve_dot_v1_dot_classifier__pb2.ZeroShotResponse.FromString,
             options,
             channel_credentials,
             insecure,

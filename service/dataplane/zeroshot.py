@@ -1,0 +1,143 @@
+"""Zero-shot classification, transport-neutral: texts scored against labels chosen per request
+by a natural-language-inference (NLI) model, as transformers' zero-shot pipeline scores them.
+
+    call = ZeroShotCall(["the match went to penalties"], ["sport", "politics"])
+    body = await zero_shot(ctx, call, encode, method="ZeroShot", deadline=d, context=c)
+
+Each (text, candidate label) becomes the sentence pair (text, hypothesis_template with the
+label in it), classified like any pair: the same batches, queue bound and metrics. From the
+NLI model's logits (its labels name an entailment and, for multi-label, a contradiction class):
+single-label, a softmax over the candidates of their entailment logits (the scores sum to 1);
+multi-label, each candidate on its own, a softmax over its (contradiction, entailment) logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+import numpy as np
+
+from textserve.service.dataplane.classify import Classification, ClassifyCall, classify, timing
+from textserve.service.errors import ValidationError
+from textserve.v1 import classifier_pb2 as pb
+
+if TYPE_CHECKING:
+    from textserve.service.dataplane.context import ServingContext
+    from textserve.service.engine.handle import ModelHandle, Timings
+
+T = TypeVar("T")
+DEFAULT_TEMPLATE = "This example is {}."  # transformers' pipeline default
+MAX_LABELS = 256
+
+
+class ZeroShotCall(NamedTuple):
+    texts: Sequence[str]
+    candidate_labels: Sequence[str]
+    hypothesis_template: str = DEFAULT_TEMPLATE
+    multi_label: bool = False
+    model: str = ""
+    version: int | str | None = None
+    truncate: bool | None = None
+    id: str = ""
+
+
+class ZeroShot(NamedTuple):
+    call: ZeroShotCall
+    handle: ModelHandle
+    order: list[list[int]]  # per text: candidate indexes, best first
+    scores: list[list[float]]  # per text: each candidate's score (candidate order)
+    timings: Timings
+
+
+def hypotheses(call: ZeroShotCall) -> list[str]:
+    """Each candidate label in the template; ValidationError for a call that cannot run."""
+    labels, template = call.candidate_labels, call.hypothesis_template or DEFAULT_TEMPLATE
+    if not labels:
+        raise ValidationError("candidate_labels: give at least one label")
+    if len(labels) > MAX_LABELS:
+        raise ValidationError(f"candidate_labels: at most {MAX_LABELS}, got {len(labels)}")
+    if template.count("{}") != 1 or "{" in template.replace("{}", "", 1):
+        raise ValidationError(
+            f"hypothesis_template must hold the label's place once as {{}}, got {template[:80]!r}"
+        )
+    if any(not label.strip() for label in labels):
+        raise ValidationError("candidate_labels: a label is empty")
+    return [template.replace("{}", label) for label in labels]
+
+
+def nli_columns(handle: ModelHandle, multi_label: bool) -> tuple[int, int]:
+    """(entailment, contradiction) label indexes of an NLI model; ValidationError otherwise."""
+    names = [label.lower() for label in handle.labels]
+    entail = [i for i, name in enumerate(names) if name.startswith("entail")]
+    contra = [i for i, name in enumerate(names) if name.startswith("contradict")]
+    if len(entail) != 1 or (multi_label and len(contra) != 1):
+        raise ValidationError(
+            f"model {handle.name!r} is no NLI model (labels {', '.join(handle.labels)}): "
+            "zero-shot needs one 'entailment' label (and a 'contradiction' one for multi_label)"
+        )
+    return entail[0], contra[0] if contra else -1
+
+
+async def zero_shot(
+    ctx: ServingContext,
+    call: ZeroShotCall,
+    encode: Callable[[ZeroShot], T],
+    *,
+    method: str,
+    deadline: float | None,
+    context: Any = None,
+) -> T:
+    """Score every (text, candidate) pair and return `encode(zero_shot)`; observed as
+    `method`. Raises the taxonomy of service/errors.py, as classify does."""
+    claims = hypotheses(call)
+    n = len(claims)
+    if not call.texts:
+        raise ValidationError("no texts: send at least one text")
+    pairs = ClassifyCall(
+        [text for text in call.texts for _ in range(n)],
+        [claim for _ in call.texts for claim in claims],
+        model=call.model,
+        version=call.version,
+        truncate=call.truncate,
+    )
+    return await classify(
+        ctx,
+        pairs,
+        lambda answer: encode(scored(call, answer, n)),
+        method=method,
+        deadline=deadline,
+        context=context,
+    )
+
+
+def scored(call: ZeroShotCall, answer: Classification, n: int) -> ZeroShot:
+    handle, result = answer.handle, answer.result
+    entail, contra = nli_columns(handle, call.multi_label)
+    logits = result.logits
+    if logits is None:  # pairs always run (never cached): a batch that did not is a bug
+        raise RuntimeError("zero-shot pairs were answered without logits")
+    logits = logits.astype(np.float64).reshape(len(call.texts), n, -1)
+    if call.multi_label:
+        two = logits[..., [contra, entail]]
+        two = np.exp(two - two.max(axis=-1, keepdims=True))
+        scores = two[..., 1] / two.sum(axis=-1)
+    else:
+        entailment = logits[..., entail]
+        e = np.exp(entailment - entailment.max(axis=1, keepdims=True))
+        scores = e / e.sum(axis=1, keepdims=True)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    return ZeroShot(call, handle, order.tolist(), scores.tolist(), result.timings)
+
+
+def v1_zero_shot_response(answer: ZeroShot) -> pb.ZeroShotResponse:
+    """The textserve.v1 ZeroShotResponse (what the gRPC ZeroShot sends, HTTP its JSON)."""
+    call, handle = answer.call, answer.handle
+    response = pb.ZeroShotResponse(id=call.id, model=handle.name, model_version=handle.version)
+    labels = call.candidate_labels
+    for order, scores in zip(answer.order, answer.scores, strict=True):
+        response.results.add().labels.extend(
+            pb.LabelScore(label=labels[i], score=scores[i]) for i in order
+        )
+    timing(response.timing, answer.timings)
+    return response
