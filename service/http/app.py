@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -204,7 +205,8 @@ class HttpApp:
     async def _answer(self, route: Route, request: Request, receive: Any) -> Response:
         try:
             if route.body:
-                request.body = await _read_body(receive, self.limits.max_body_bytes)
+                body = await _read_body(receive, self.limits.max_body_bytes)
+                request.body = _decoded(body, request.header("content-encoding"), self.limits)
             return await route.handler(self, request)
         except Refused as refused:
             return _refusal(refused, route.errors)
@@ -251,6 +253,34 @@ async def _read_body(receive: Any, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _decoded(body: bytes, encoding: str | None, limits: HttpLimits) -> bytes:
+    """The request body as sent before its Content-Encoding: gzip (and deflate) are undone,
+    held to the same limit once decompressed (a small bomb is refused, not inflated); any
+    other coding is refused with 415."""
+    coding = (encoding or "identity").strip().lower()
+    if coding == "identity":
+        return body
+    if coding not in ("gzip", "x-gzip", "deflate"):
+        raise Refused(
+            415,
+            f"Content-Encoding {coding[:40]!r} is not supported; send gzip, deflate or none",
+            "INVALID_ARGUMENT",
+            [(b"accept-encoding", b"gzip, deflate")],
+        )
+    window = 16 + zlib.MAX_WBITS if coding != "deflate" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(window)
+    try:
+        data = inflater.decompress(body, limits.max_body_bytes + 1)
+    except zlib.error as exc:
+        message = f"the {coding} request body is corrupt ({exc})"
+        raise Refused(400, message, "INVALID_ARGUMENT") from None
+    if len(data) > limits.max_body_bytes or inflater.unconsumed_tail:
+        raise _too_large(limits.max_body_bytes)
+    if not inflater.eof:
+        raise Refused(400, f"the {coding} request body is truncated", "INVALID_ARGUMENT")
+    return data
 
 
 def _refusal(refused: Refused, shape: ErrorShape | None = None) -> Response:

@@ -6,6 +6,7 @@ deadline."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import shutil
@@ -14,6 +15,7 @@ import struct
 import subprocess
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -384,6 +386,32 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(repository: Path) ->
             sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             reply = sock.recv(65536)
             assert reply.startswith(b"HTTP/1.1 413")
+
+
+def test_a_gzip_body_is_read_and_bounded_after_inflating(repository: Path) -> None:
+    with running_server(repository, metrics_port=0, max_message_bytes=4096) as srv:
+        endpoint = url(srv, "/v1/classify")
+        plain = requests.post(endpoint, json={"texts": TEXTS}, timeout=10)
+        body = json.dumps({"texts": TEXTS}).encode()
+        for coding, data in [("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))]:
+            zipped = requests.post(
+                endpoint, data=data, headers={"Content-Encoding": coding}, timeout=10
+            )
+            assert zipped.status_code == 200, (coding, zipped.text)
+            assert zipped.json()["results"] == plain.json()["results"]
+        # 4 KiB on the wire, 1 MiB inflated: refused at the limit, never inflated whole
+        bomb = gzip.compress(json.dumps({"texts": ["a" * (1 << 20)]}).encode())
+        assert len(bomb) < 4096
+        refused = requests.post(endpoint, data=bomb, headers={"Content-Encoding": "gzip"})
+        assert refused.status_code == 413 and refused.json()["code"] == "RESOURCE_EXHAUSTED"
+        for headers, data, status in [
+            ({"Content-Encoding": "br"}, body, 415),
+            ({"Content-Encoding": "gzip"}, body, 400),  # not gzip at all
+            ({"Content-Encoding": "gzip"}, gzip.compress(body)[:-12], 400),  # truncated
+        ]:
+            answer = requests.post(endpoint, data=data, headers=headers, timeout=10)
+            assert answer.status_code == status, (headers, answer.text)
+            assert answer.json()["code"] == "INVALID_ARGUMENT"
 
 
 # -- authentication -------------------------------------------------------------------------------
