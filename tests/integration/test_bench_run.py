@@ -146,3 +146,21 @@ def test_the_stream_mode_measures_streams_and_unary_side_by_side(
     table = format_table(results)
     assert "stream 2x4" in table and "efficiency of stream" in table
     assert "efficiency of unary" in table and "echo over unary calls" in table
+
+
+@pytest.mark.slow
+def test_the_field_bench_runs_its_four_steps(tiny_run: Path, tmp_path: Path) -> None:
+    """bench/field.py end to end on a short run: every step answered without errors, the
+    summary ratios present (never asserted as timings)."""
+    from textserve.bench import field
+
+    code = field.main(
+        ["--texts", str(tiny_run), "--duration", "0.5", "--warmup", "0.2", "--rounds", "1",
+         "--concurrency", "2", "--output", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads((tmp_path / "field.json").read_text())
+    assert set(report["steps"]) == set(field.pools(["a text"], 1))
+    for label, step in report["steps"].items():
+        assert step["errors"] == 0 and step["documents_per_s"] > 0, label
+    assert report["summary"]["windows_per_document"] > 1
