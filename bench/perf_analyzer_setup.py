@@ -3,7 +3,8 @@
 The perf_analyzer that loads on glibc 2.36 is the one inside the tritonclient 2.51.0 wheel,
 downloaded with ``pip download --no-deps`` (never installed) and extracted into
 .tools/perf_analyzer/ next to libcudart.so.12 from nvidia-cuda-runtime-cu12; libb64 comes
-from apt.
+from apt, unless a libb64.so.0d lies beside the binary already (a machine without a network,
+such as the device machine, gets the tools folder staged whole: apt is never called there).
 """
 
 from __future__ import annotations
@@ -42,9 +43,16 @@ def _download_member(requirement: str, platform: str, member: str, target: Path)
             partial.replace(target)  # atomic: a half-written binary never looks installed
 
 
-def _has_libb64() -> bool:
+LIBB64 = "libb64.so.0d"
+
+
+def _has_libb64(tools: Path) -> bool:
+    """libb64 where perf_analyzer finds it: beside it (tool_env puts its folder first on the
+    library path) or known to the dynamic linker."""
+    if (tools / LIBB64).exists():
+        return True
     listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False)
-    return "libb64.so.0d" in listing.stdout
+    return LIBB64 in listing.stdout
 
 
 def _install_libb64() -> None:
@@ -76,7 +84,7 @@ def ensure_perf_analyzer(tools: Path = DEFAULT_TOOLS) -> Path:
         _download_member(
             CUDA_RUNTIME, "manylinux2014_x86_64", "lib/libcudart.so.12", tools / "libcudart.so.12"
         )
-    if not _has_libb64():
+    if not _has_libb64(tools):
         _install_libb64()
     check = subprocess.run(
         [str(binary), "--version"], env=tool_env(tools), capture_output=True, text=True
