@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
             print("gpu_check: error: this onnxruntime offers no CUDA execution provider "
-                  "(source .gpu/p5/install.sh first, see bench/gpu_check.sh), or use --dry-run",
+                  "(stage .gpu/a and .gpu/b first, see bench/gpu_check.sh), or use --dry-run",
                   file=sys.stderr)  # fmt: skip
             return 2
     if args.run is not None and not (args.run / "config.json").is_file():
