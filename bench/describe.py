@@ -14,6 +14,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from textserve import procfs
 from textserve.artifact import Manifest, ManifestError, iter_versions
 from textserve.service.config import usable_cpus
 
@@ -40,12 +41,7 @@ def default_run_dir(version_dir: Path | None, model: str) -> Path:
 
 def describe_machine() -> dict[str, Any]:
     """Cores, CPU model, load, and the versions that decide performance."""
-    cpu_model = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
+    cpu_model = procfs.cpu_model() or platform.processor()
     versions = {}
     for package in ("onnxruntime", "onnxruntime-gpu", "grpcio", "tokenizers", "numpy", "torch"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):

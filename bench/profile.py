@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from textserve import procfs
 from textserve.bench.loadgen import closed_loop
 from textserve.bench.process import ServerProcess, echo_command, serve_command, spawn
 from textserve.bench.requests import build_requests, load_texts
@@ -226,11 +227,7 @@ def _report(rows: list[Row]) -> None:
 
 
 def _cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+    return procfs.cpu_model() or "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -9,14 +9,14 @@ two scrapes (textserve_batch_size_sum), so numerator and denominator cover the s
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from textserve import procfs
 
 
 @dataclass(frozen=True)
@@ -64,36 +64,13 @@ def parse_sample(text: str, model: str | None = None, at: float | None = None) -
 
 
 def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process from /proc (None where there is no /proc), for
+    """User + system CPU seconds of a process from /proc (None where there is none), for
     servers without a metrics endpoint."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            fields = fh.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+    stat = procfs.process_stat(pid)
+    return None if stat is None else stat.cpu_seconds
 
 
-def process_tree_cpu_seconds(pid: int) -> float | None:
-    """process_cpu_seconds of `pid` and every live descendant (an engine process, workers)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text("ascii").rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
-    own = process_cpu_seconds(pid)
-    if own is None:
-        return None
-    total, todo = own, list(children.get(pid, ()))
-    while todo:
-        child = todo.pop()
-        total += process_cpu_seconds(child) or 0.0
-        todo.extend(children.get(child, ()))
-    return total
+process_tree_cpu_seconds = procfs.tree_cpu_seconds  # the process and its live descendants
 
 
 def fetch(url: str, timeout: float = 5.0) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from textserve import procfs
 from textserve.artifact import (
     MANIFEST_FILE,
     newest_version,
@@ -57,32 +58,26 @@ GROWTH_FRACTION = 0.05
 
 
 def _proc(pid: int) -> dict[str, float] | None:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
+    rss, threads, fds = (
+        procfs.status_number(pid, "VmRSS"),
+        procfs.status_number(pid, "Threads"),
+        procfs.open_fds(pid),
+    )
+    if rss is None or threads is None or fds is None:
         return None
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return {
-        "rss_mb": int(fields["VmRSS"].split()[0]) / 1024,
-        "threads": int(fields["Threads"]),
-        "fds": fds,
-    }
+    return {"rss_mb": rss / 1024, "threads": threads, "fds": fds}
 
 
 def server_pids(supervisor: int) -> list[int]:
     """The supervisor and its worker processes (its children that run spawn_main)."""
-    pids = [supervisor]
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_bytes().rpartition(b")")[2].split()
-                command = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat[1]) == supervisor and b"spawn_main" in command:
-                pids.append(int(entry))
-    return pids
+    workers = [
+        pid
+        for pid in procfs.pids()
+        if (stat := procfs.process_stat(pid)) is not None
+        and stat.ppid == supervisor
+        and any("spawn_main" in part for part in procfs.cmdline(pid))
+    ]
+    return [supervisor, *workers]
 
 
 def publish_copy(model_dir: Path) -> int:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from textserve import procfs
+
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
 
 
@@ -66,28 +68,8 @@ class RawStep:
         self.not_sent += other.not_sent
 
 
-def parse_proc_stat(text: str) -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs from /proc/stat's first line; idle and iowait are
-    not busy.
-
-    >>> parse_proc_stat("cpu  100 0 50 800 50 0 0 0 0 0\\ncpu0 ...")
-    (150, 1000)
-    """
-    fields = text.split("\n", 1)[0].split()
-    if not fields or fields[0] != "cpu":
-        raise ValueError("not /proc/stat: its first line starts with 'cpu'")
-    values = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
-    total = sum(values)
-    return total - values[3] - values[4], total
-
-
-def read_machine_cpu() -> tuple[int, int] | None:
-    """(busy, total) jiffies now, or None where there is no /proc/stat (not Linux)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as fh:
-            return parse_proc_stat(fh.readline())
-    except (OSError, ValueError):
-        return None
+parse_proc_stat = procfs.parse_cpu_line  # (busy, total) jiffies of /proc/stat's text
+read_machine_cpu = procfs.machine_jiffies  # (busy, total) jiffies now, or None
 
 
 def summarize(raw: RawStep, cpus: int) -> dict[str, Any]:

@@ -17,6 +17,8 @@ import logging
 from functools import cache
 from typing import Any
 
+from textserve import procfs
+
 logger = logging.getLogger(__name__)
 
 
@@ -31,14 +33,7 @@ def _libc() -> Any:
 
 
 def _rss_kib() -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+    return procfs.status_number("self", "VmRSS")
 
 
 def release_freed_memory() -> int | None:

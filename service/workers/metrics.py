@@ -21,6 +21,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from textserve import procfs
+
 # Why a worker was restarted: the label `reason` of textserve_worker_restarts_total.
 RESTART_REASONS = (
     "exited",  # it died: a crash, the OOM killer, a kill by someone else
@@ -38,11 +40,8 @@ def _start_time(pid: int) -> str | None:
     """The process's start time (clock ticks since boot, /proc/PID/stat field 22): with the
     pid, it names one process even after the pid is reused. None when there is no such
     process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[19].decode()
-    except (OSError, IndexError):
-        return None
+    stat = procfs.process_stat(pid)
+    return None if stat is None else stat.start
 
 
 def create_metrics_dir(parent: str | None = None) -> str:
@@ -113,17 +112,10 @@ class _ServerProcesses:
 
     def __init__(self, workers: Any) -> None:
         self._workers = workers  # () -> the pids of the live workers
-        self._tick = os.sysconf("SC_CLK_TCK")
-        self._page = os.sysconf("SC_PAGESIZE")
 
     def _stat(self, pid: int | str) -> tuple[float, float]:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-        except OSError:
-            return 0.0, 0.0
-        # after the command: state is field 3, utime 14, stime 15, rss 24 (man proc)
-        return (int(fields[11]) + int(fields[12])) / self._tick, float(int(fields[21]) * self._page)
+        stat = procfs.process_stat(pid)
+        return (0.0, 0.0) if stat is None else (stat.cpu_seconds, float(stat.rss_bytes))
 
     def collect(self) -> Any:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

@@ -11,6 +11,7 @@ import contextlib
 from dataclasses import replace
 from pathlib import Path
 
+from textserve import procfs
 from textserve.artifact import MODEL_FILE, newest_version
 from textserve.service.config import ServerConfig, usable_cpus
 from textserve.service.workers.errors import SupervisorError
@@ -39,11 +40,7 @@ def cpu_limit() -> int:
 
 def available_memory() -> int | None:
     """Bytes of memory free for new processes: MemAvailable, within a cgroup v2 limit."""
-    available: int | None = None
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
+    available = procfs.meminfo_bytes("MemAvailable")
     with contextlib.suppress(OSError, ValueError):
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if limit != "max":
