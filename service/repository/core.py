@@ -541,14 +541,6 @@ class ModelRepository:
             raise NotReadyError(f"model {name!r} has no ready version; {record.describe()}")
         return newest.handle
 
-    def names(self) -> list[str]:
-        """Models with at least one READY version, sorted."""
-        return sorted(name for name, record in self.models.items() if record.ready())
-
-    def versions(self, name: str) -> list[int]:
-        """The READY versions of `name`, ascending; ModelNotFoundError if there is no such model."""
-        return sorted(v.version for v in self._record(name).ready())
-
     def _listing(self) -> str:
         return ", ".join(m.describe() for m in self.models.values()) or "none"
 

@@ -190,9 +190,3 @@ def read_serving_file(model_dir: Path) -> ServingFile:
         return ServingFile(policy, CacheSize.parse(str(size)))
     except CacheSizeError as exc:
         raise PolicyError(f"{path}: {exc}") from None
-
-
-def read_policy_file(model_dir: Path) -> VersionPolicy | None:
-    """The policy in ``model_dir/serving.json``, None if there is no such file or it sets
-    none; PolicyError if it is unreadable or malformed."""
-    return read_serving_file(model_dir).version_policy

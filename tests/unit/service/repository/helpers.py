@@ -57,3 +57,13 @@ async def drained(repository: ModelRepository) -> None:
 
 async def nothing(repository: ModelRepository) -> None:
     return None
+
+
+def ready_versions(repository: ModelRepository, name: str) -> list[int]:
+    """The READY versions of `name`, ascending."""
+    return sorted(v.version for v in repository.models[name].ready())
+
+
+def ready_models(repository: ModelRepository) -> list[str]:
+    """The models with a READY version, sorted."""
+    return sorted(name for name, record in repository.models.items() if record.ready())

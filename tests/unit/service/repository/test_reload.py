@@ -26,6 +26,7 @@ from tests.unit.service.repository.helpers import (
     break_checksum,
     drained,
     failures,
+    ready_versions,
     rename_input,
     reseal,
 )
@@ -253,16 +254,16 @@ def test_policy_all_and_latest_n(tmp_path: Path) -> None:
         make_version(tmp_path, "m", version)
 
     async def every(repository: ModelRepository) -> None:
-        assert repository.versions("m") == [1, 2, 3]
+        assert ready_versions(repository, "m") == [1, 2, 3]
         assert repository.get().version == 3
 
     run(tmp_path, every, version_policy=parse_policies("all"))
 
     async def two(repository: ModelRepository) -> None:
-        assert repository.versions("m") == [2, 3]
+        assert ready_versions(repository, "m") == [2, 3]
         make_version(tmp_path, "m", 4)
         await repository.reconcile()
-        assert repository.versions("m") == [3, 4]
+        assert ready_versions(repository, "m") == [3, 4]
 
     run(tmp_path, two, version_policy=parse_policies("m=latest:2"))
 
@@ -275,7 +276,7 @@ def test_serving_json_pins_a_version_and_a_bad_one_keeps_the_policy(tmp_path: Pa
         assert repository.get().version == 2
         (tmp_path / "m" / "serving.json").write_text('{"version_policy": "specific:1"}')
         await repository.reconcile()  # a rollback without a restart
-        assert repository.versions("m") == [1]
+        assert ready_versions(repository, "m") == [1]
         (tmp_path / "m" / "serving.json").write_text('{"version_policy": "newest"}')
         assert await repository.reconcile() == []
         assert str(repository.models["m"].policy) == "specific:1"
@@ -313,21 +314,21 @@ def test_admin_load_pins_and_unload_rolls_back(tmp_path: Path) -> None:
     async def body(repository: ModelRepository) -> None:
         record, events = await repository.load_model("m", 1)
         assert events == [ReloadEvent("m", 1, "loaded")]
-        assert repository.versions("m") == [1, 2] and repository.get().version == 2
+        assert ready_versions(repository, "m") == [1, 2] and repository.get().version == 2
         await repository.reconcile()  # a poll keeps the pinned version
-        assert repository.versions("m") == [1, 2]
+        assert ready_versions(repository, "m") == [1, 2]
         record, events = await repository.unload_model("m", 2)  # a rollback
         assert events == [ReloadEvent("m", 2, "unloaded")]
         assert repository.get().version == 1
         assert record.versions[2].state is State.AVAILABLE  # drained before returning
         await repository.reconcile()
-        assert repository.versions("m") == [1]  # the poll does not bring 2 back
+        assert ready_versions(repository, "m") == [1]  # the poll does not bring 2 back
         await repository.unload_model("m")
-        assert repository.versions("m") == []
+        assert ready_versions(repository, "m") == []
         with pytest.raises(NotReadyError, match="no ready version"):
             repository.get()
         await repository.load_model("m")  # the policy again
-        assert repository.versions("m") == [2]
+        assert ready_versions(repository, "m") == [2]
 
     metrics = run(tmp_path, body)
     assert info(metrics) == ["2"]

@@ -27,7 +27,12 @@ from prometheus_client import CollectorRegistry
 from tests.handmade import make_version
 from tests.serving import repository_config
 from tests.serving import run_repository as run
-from tests.unit.service.repository.helpers import break_checksum, failures
+from tests.unit.service.repository.helpers import (
+    break_checksum,
+    failures,
+    ready_models,
+    ready_versions,
+)
 from textserve.service.config import RuntimeConfig
 from textserve.service.engine.runtime import DeviceUnavailableError
 from textserve.service.errors import LoadFailedError, NotReadyError
@@ -263,7 +268,7 @@ def test_unloading_a_version_loads_nothing_published_since_the_last_scan(tmp_pat
         make_version(tmp_path, "m", 2, seed=1)  # not scanned yet
         _, events = await repository.unload_model("m", 1)
         assert events == [ReloadEvent("m", 1, "unloaded")]
-        assert repository.versions("m") == []
+        assert ready_versions(repository, "m") == []
         assert actions(await repository.reconcile()) == [(2, "loaded")]  # the next scan
 
     run(tmp_path, body)
@@ -281,16 +286,16 @@ def test_a_version_unloaded_by_hand_stops_serving_at_once_even_while_another_loa
         try:
             await held.wait_entered()
             unload = asyncio.create_task(repository.unload_model("m", 1))
-            await yield_until(lambda: not repository.versions("m"))
+            await yield_until(lambda: not ready_versions(repository, "m"))
             # A version loading in its place keeps serving the old one, not one unloaded by hand.
-            assert repository.versions("m") == []
+            assert ready_versions(repository, "m") == []
             with pytest.raises(NotReadyError, match="no ready version"):
                 repository.get()
         finally:
             held.release()
         assert actions(await reconcile) == [(2, "loaded")]
         assert actions((await unload)[1]) == [(1, "unloaded")]
-        assert repository.versions("m") == [2]
+        assert ready_versions(repository, "m") == [2]
 
     run(tmp_path, body)
 
@@ -323,10 +328,10 @@ def test_an_unloaded_version_is_unpinned_and_unload_model_returns_once_drained(
 
     async def body(repository: ModelRepository) -> None:
         await repository.load_model("m", 1)  # pinned beside the policy's 2
-        assert repository.versions("m") == [1, 2]
+        assert ready_versions(repository, "m") == [1, 2]
         await repository.unload_model("m", 1)
         await repository.load_model("m")  # the policy again: the unload also unpinned 1
-        assert repository.versions("m") == [2]
+        assert ready_versions(repository, "m") == [2]
         record, _ = await repository.unload_model("m")
         # Returned once released: no version left draining, none holding a session.
         assert record.describe() == "m [versions 1 (available), 2 (available)]"
@@ -419,7 +424,7 @@ def test_a_model_directory_that_cannot_be_listed_at_startup_is_reported_and_othe
 
     async def body(repository: ModelRepository) -> None:
         assert repository.get().name == "m"
-        assert repository.names() == ["m"]
+        assert ready_models(repository) == ["m"]
 
     run(tmp_path, body)
     assert "cannot list model 'loop' in" in caplog.text

@@ -19,12 +19,12 @@ import pytest
 
 from tests.handmade import make_version
 from tests.serving import run_repository as run
-from tests.unit.service.repository.helpers import break_checksum, drained, failures
+from tests.unit.service.repository.helpers import break_checksum, drained, failures, ready_versions
 from textserve.service.config import BatcherConfig
 from textserve.service.engine.handle import ClassifyResult
 from textserve.service.errors import NotReadyError
 from textserve.service.repository.core import ModelRepository, State
-from textserve.service.repository.policy import PolicyError, read_policy_file
+from textserve.service.repository.policy import PolicyError, read_serving_file
 
 CORE = "textserve.service.repository.core"
 
@@ -130,7 +130,7 @@ def test_a_bad_serving_json_is_logged_once_per_problem_and_the_policy_in_force_k
     def problem(text: str) -> str:
         serving.write_text(text)
         with pytest.raises(PolicyError) as raised:
-            read_policy_file(tmp_path / "m")
+            read_serving_file(tmp_path / "m")
         return str(raised.value)
 
     async def body(repository: ModelRepository) -> None:
@@ -147,7 +147,7 @@ def test_a_bad_serving_json_is_logged_once_per_problem_and_the_policy_in_force_k
                 assert await repository.reconcile() == []
             said = [f"{expected}; keeping version policy specific:1"] if expected else []
             assert lines(caplog, logging.ERROR) == said
-            assert repository.versions("m") == [1]
+            assert ready_versions(repository, "m") == [1]
 
     with caplog.at_level(logging.INFO, logger=CORE):
         run(tmp_path, body)

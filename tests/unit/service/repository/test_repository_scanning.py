@@ -25,7 +25,13 @@ import pytest
 from tests.handmade import make_version
 from tests.serving import repository_config, run_repository_with
 from tests.serving import run_repository as run
-from tests.unit.service.repository.helpers import break_checksum, drained, nothing
+from tests.unit.service.repository.helpers import (
+    break_checksum,
+    drained,
+    nothing,
+    ready_models,
+    ready_versions,
+)
 from textserve.artifact import MODEL_FILE
 from textserve.service.errors import ModelNotFoundError, NotReadyError
 from textserve.service.repository import core
@@ -117,7 +123,7 @@ def test_a_model_folder_that_cannot_be_listed_keeps_its_versions_and_is_said_onc
         shutil.rmtree(root / "b" / "2")  # b, listed after a, still sees its change
         events = await repository.reconcile()
         assert events == [ReloadEvent("b", 1, "loaded"), ReloadEvent("b", 2, "unloaded")]
-        assert repository.get("a").version == 1 and repository.versions("a") == [1]
+        assert repository.get("a").version == 1 and ready_versions(repository, "a") == [1]
         assert said() == [  # which model, where, and why
             f"cannot list model 'a' in {root} ({os.strerror(errno.ELOOP)}); "
             "its versions stay as they were"
@@ -148,7 +154,7 @@ def test_a_model_whose_folder_is_removed_is_forgotten(
         shutil.rmtree(tmp_path / "m")
         assert await repository.reconcile() == [ReloadEvent("m", 1, "unloaded")]
         await drained(repository)
-        assert repository.names() == []
+        assert ready_models(repository) == []
         with pytest.raises(ModelNotFoundError, match=r"^model 'm' not found; models: none$"):
             repository.get()  # the default model is gone: NOT_FOUND, not "loading"
         assert await repository.reconcile() == []
@@ -203,7 +209,7 @@ def test_a_model_unloaded_by_hand_is_no_longer_reported_as_served(tmp_path: Path
 
     async def body(repository: ModelRepository) -> None:
         await repository.unload_model("a")
-        assert repository.names() == ["b"]
+        assert ready_models(repository) == ["b"]
 
     metrics = run(tmp_path, body)
 

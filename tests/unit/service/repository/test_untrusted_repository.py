@@ -21,7 +21,12 @@ import pytest
 
 from tests.handmade import make_version
 from tests.serving import run_repository as run
-from tests.unit.service.repository.helpers import edit_manifest, failures
+from tests.unit.service.repository.helpers import (
+    edit_manifest,
+    failures,
+    ready_models,
+    ready_versions,
+)
 from tests.untrusted import OPENED as _OPENED
 from tests.untrusted import WATCHED as _WATCHED
 from textserve import artifact
@@ -69,7 +74,7 @@ def test_a_version_above_int64_is_not_a_version(tmp_path: Path) -> None:
 
     async def body(repo: ModelRepository) -> None:
         assert await repo.reconcile() == []
-        assert repo.get().version == 1 and repo.versions("m") == [1]
+        assert repo.get().version == 1 and ready_versions(repo, "m") == [1]
         assert sorted(repo.models["m"].versions) == [1]
 
     run(repository, body)
@@ -336,7 +341,7 @@ def test_startup_with_bad_versions_beside_a_good_one_serves_the_good_one(
         states = {v: e.state for v, e in repo.models["m"].versions.items()}
         assert states == {1: State.READY, 2: State.FAILED, 3: State.FAILED}
         assert repo.models["evil"].versions[1].state is State.FAILED
-        assert repo.names() == ["m"]
+        assert ready_models(repo) == ["m"]
 
     metrics = run(repository, body)
     assert failures(metrics, "invalid_manifest") == 2

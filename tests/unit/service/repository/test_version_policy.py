@@ -15,7 +15,7 @@ from textserve.service.repository.policy import (
     VersionPolicy,
     parse_policies,
     parse_policy,
-    read_policy_file,
+    read_serving_file,
 )
 
 
@@ -108,11 +108,11 @@ def test_serve_flag_reports_a_bad_policy(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_policy_file(tmp_path: Path) -> None:
-    assert read_policy_file(tmp_path) is None
+    assert read_serving_file(tmp_path).version_policy is None
     (tmp_path / "serving.json").write_text('{"version_policy": "latest:2"}')
-    assert read_policy_file(tmp_path) == VersionPolicy("latest", 2)
+    assert read_serving_file(tmp_path).version_policy == VersionPolicy("latest", 2)
     (tmp_path / "serving.json").write_text("{}")
-    assert read_policy_file(tmp_path) is None
+    assert read_serving_file(tmp_path).version_policy is None
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_policy_file(tmp_path: Path) -> None:
 def test_policy_file_errors(tmp_path: Path, content: str, message: str) -> None:
     (tmp_path / "serving.json").write_text(content)
     with pytest.raises(PolicyError, match=message):
-        read_policy_file(tmp_path)
+        read_serving_file(tmp_path)
 
 
 def record(states: dict[int, State], policy: VersionPolicy = LATEST) -> ModelRecord:
