@@ -95,7 +95,8 @@ bench: venv
 	  --json bench/results/export_bench.json
 	$(PY) -m textserve.bench.cache --repository $(REPOSITORY) --model $(MODEL) --texts runs/$(MODEL) \
 	  --concurrency 128 --duration 15 --rounds 5 --cache-size 64MiB --output bench/results/cache.json
-	$(PY) -m textserve.export.bench_foreign --json bench/results/export_bench_bert.json
+	$(PY) -m textserve.bench.field --texts runs/$(MODEL) --output bench/results/field
+	$(PY) -m textserve.export.bench --bert-shaped --json bench/results/export_bench_bert.json
 
 ## mutate: mutation testing (mutmut) of the core modules, one group at a time against the unit
 ## tests that cover it; not part of `make test` (minutes per group). GROUPS="batcher status"

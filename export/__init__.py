@@ -1,4 +1,5 @@
-"""Export training runs to ONNX model versions: export, validate, optimize, publish, bench."""
+"""Export a model (a training run, a Hugging Face folder, a --module) to ONNX model versions: one
+pipeline (pipeline.py) of sources, checks, gates and an atomic publish; the export bench."""
 
 # One copy of each module: this folder is textserve.export (the wheel's package-dir, the
 # checkout's textserve/export symlink). Imported as top-level `export` (the repository root on

@@ -5,12 +5,14 @@ folder (save_pretrained: config.json, model.safetensors or pytorch_model.bin, to
 told apart by its files; or no SOURCE and `--module package.module:factory` for any PyTorch
 classifier taking (input_ids, attention_mask), with --tokenizer and --labels.
 
-Checks before publishing: onnx.checker (full), the graph contract, parity with PyTorch at batch
-1/7/64 × length 1/5/37/max_length (max |Δlogit| <= 1e-4 for fp32); for a run, 100% argmax
-agreement on its test split; for a Hugging Face folder, textserve's tokenization equal to its
-AutoTokenizer's and served scores within 1e-4 of transformers' pipeline; the same again after
-optimization; for --quantize int8 and --fp16 the accuracy may drop at most --max-accuracy-drop
-points. Exit status: 0 published, 1 a check failed (nothing published), 2 bad input.
+Every source goes through one pipeline (export/pipeline.py). Checks before publishing:
+onnx.checker (full), the graph contract, parity with PyTorch at batch 1/7/64 × length
+1/5/37/max_length (max |Δlogit| <= 1e-4 for fp32); for a Hugging Face folder, textserve's
+tokenization equal to its AutoTokenizer's and served scores within 1e-4 of transformers'
+pipeline; the optimizer's graph only if it passes them again and runs faster; on a test split (a
+run's own, --test-data), 100% argmax agreement with PyTorch; for --quantize int8 and --fp16 the
+accuracy may drop at most --max-accuracy-drop points. Exit status: 0 published, 1 a check failed
+(nothing published), 2 bad input.
 """
 
 from __future__ import annotations
@@ -18,9 +20,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textserve.cli import CliError, env_flag
 from textserve.export import options
+
+if TYPE_CHECKING:
+    from textserve.export.sources import ExportSource
 
 # No torch/onnx here: `textserve --help` imports this module; run() imports the exporter.
 
@@ -87,44 +93,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace, opts: options.ExportOptions) -> Path:
-    from textserve.export.publish import check_name
-    from textserve.export.sources import kind_of
+    source = _source(args)  # before torch is imported: a usage mistake is told at once
+    from textserve.export.pipeline import export_source
 
-    check_name(args.name)  # before SOURCE is looked at: a bad name is the cheaper mistake
+    return export_source(source, args.repository, args.name, opts)
+
+
+def _source(args: argparse.Namespace) -> ExportSource:
+    """What SOURCE or --module names (nothing is read yet: the pipeline checks the name first)."""
+    from textserve.export.sources import ModuleSource, PathSource
+
     if args.module:
         if args.source is not None:
             raise CliError("give SOURCE or --module, not both")
-        from textserve.export.foreign_export import export_foreign
-        from textserve.export.module_source import load_module
-
         labels = [x.strip() for x in (args.labels or "").split(",") if x.strip()]
-        foreign = load_module(args.module, args.tokenizer, labels, opts)
-        return export_foreign(foreign, args.repository, args.name, opts)
+        return ModuleSource(args.module, args.tokenizer, labels)
     if args.source is None:
         raise CliError("give SOURCE (a run or Hugging Face folder) or --module PKG.MOD:FACTORY")
     if args.tokenizer or args.labels:
         raise CliError("--tokenizer and --labels go with --module; a folder brings its own")
-    if kind_of(args.source) == "textserve":
-        foreign_only = {
-            "--max-length": opts.max_length,
-            "--test-data": opts.test_data,
-            "--trust-remote-code": opts.trust_remote_code,
-            "--truncation-side": opts.truncation_side != "right",
-            "--activation": opts.activation,
-        }
-        given = [flag for flag, value in foreign_only.items() if value]
-        if given:
-            raise CliError(
-                f"{', '.join(given)}: for Hugging Face folders and --module; a run "
-                "brings its own max_length, test split, truncation and activation"
-            )
-        from textserve.export.onnx_export import export_run
-
-        return export_run(args.source, args.repository, args.name, opts)
-    from textserve.export.foreign_export import export_foreign
-    from textserve.export.huggingface import load_folder
-
-    return export_foreign(load_folder(args.source, opts), args.repository, args.name, opts)
+    return PathSource(args.source)
 
 
 def _report(version_dir: Path, as_json: bool) -> None:

@@ -1,6 +1,6 @@
-"""A local Hugging Face sequence classifier (a `save_pretrained` folder) as a `Foreign` model.
+"""A local Hugging Face sequence classifier (a `save_pretrained` folder) as a `Description`.
 
-    foreign = load_folder(Path("my-finetuned-bert"), ExportOptions())
+    description = load_folder(Path("my-finetuned-bert"), ExportOptions())
 
 What the manifest needs is derived as transformers and text-embeddings-inference derive it:
 labels from id2label (LABEL_i where missing), the activation from problem_type, max_length from
@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
+from textserve.export.description import Description
 from textserve.export.errors import ExportError
+from textserve.export.folders import HF_WEIGHTS, check_huggingface_files
 from textserve.export.options import ExportOptions
-from textserve.export.sources import HF_WEIGHTS, Foreign, check_huggingface_files
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class _Logits(torch.nn.Module):
         return self.model(*args, **kwargs, return_dict=True).logits  # (B, num_labels)
 
 
-def load_folder(folder: Path, opts: ExportOptions) -> Foreign:
+def load_folder(folder: Path, opts: ExportOptions) -> Description:
     """ExportError (exit 2) for a folder textserve cannot export, saying what to do."""
     check_huggingface_files(folder)
     transformers = _import_transformers()
@@ -87,7 +88,7 @@ def load_folder(folder: Path, opts: ExportOptions) -> Foreign:
             "tokenizer.pad_token (e.g. to its eos token) and save_pretrained again"
         )
     model_type = getattr(config, "model_type", None)
-    return Foreign(
+    return Description(
         model=_Logits(model).eval(),
         inputs=inputs,
         labels=labels,
@@ -104,11 +105,12 @@ def load_folder(folder: Path, opts: ExportOptions) -> Foreign:
         },
         vocab_size=int(config.vocab_size),
         type_vocab_size=int(getattr(config, "type_vocab_size", 0) or 0),
+        truncation_side=opts.truncation_side,
         folder=folder,
         hf_model=model,
         ort_model_type=ORT_MODEL_TYPES.get(model_type or ""),
         shape=_attention_shape(config),
-        extra={"transformers": transformers.__version__},
+        versions={"transformers": transformers.__version__},
     )
 
 

@@ -1,8 +1,9 @@
 """`--module package.module:factory`: any torch.nn.Module with the (input_ids, attention_mask)
-→ logits contract, with its tokenizer.json and labels, as a `Foreign` model; its scores are
+→ logits contract, with its tokenizer.json and labels; its scores are
 the softmax of the logits unless --activation says sigmoid (multi-label) or none (regression).
+A `Description` like any other source's.
 
-    foreign = load_module("mypkg.models:build", Path("tokenizer.json"), ["neg", "pos"], opts)
+    description = load_module("mypkg.models:build", Path("tokenizer.json"), ["neg", "pos"], opts)
 
 The factory is called with no arguments and returns the module (weights loaded). Its logits
 must be float (B, len(labels)); the graph is exported and checked like any other.
@@ -19,9 +20,9 @@ from typing import Any
 
 import torch
 
+from textserve.export.description import Description
 from textserve.export.errors import ExportError
 from textserve.export.options import ExportOptions
-from textserve.export.sources import Foreign
 
 PAD_NAMES = ("[PAD]", "<pad>", "<|pad|>", "[pad]")
 
@@ -40,7 +41,7 @@ class _Positional(torch.nn.Module):
 
 def load_module(
     spec: str, tokenizer_file: Path | None, labels: list[str] | None, opts: ExportOptions
-) -> Foreign:
+) -> Description:
     if tokenizer_file is None or not labels:
         raise ExportError("--module needs --tokenizer TOKENIZER_JSON and --labels A,B,...")
     if opts.max_length is None:
@@ -70,7 +71,7 @@ def load_module(
     pad = _pad_id(tokenizer, tokenizer_file)
     _check_width(model, spec, len(labels), pad)
     vocab = tokenizer.get_vocab_size()
-    return Foreign(
+    return Description(
         model=model,
         inputs=["input_ids", "attention_mask"],
         labels=list(labels),
@@ -82,7 +83,8 @@ def load_module(
         checkpoint=Path(inspect.getfile(factory)),
         source={"kind": "module", "architecture": spec, "model_type": None},
         vocab_size=vocab,
-        extra={
+        truncation_side=opts.truncation_side,
+        versions={
             "module_sha256": hashlib.sha256(Path(inspect.getfile(factory)).read_bytes()).hexdigest()
         },
     )

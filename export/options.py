@@ -1,7 +1,7 @@
 """How to export: one frozen, self-validating ExportOptions whose defaults feed the CLI.
 
     options = ExportOptions(quantize="int8", threads=1)      # ExportError on a bad value
-    export_run("runs/reviews", "models", "reviews", options)
+    export_run("runs/reviews", "models", "reviews", options)   # export/pipeline.py
 
 `textserve export` and `textserve setup-default` build it once at the edge from the same flags,
 each with a TEXTSERVE_EXPORT_* environment fallback (add_arguments / from_args); nothing below
@@ -46,7 +46,7 @@ class ExportOptions:
     atol: float = FP32_ATOL  # fp32 parity: |onnx - torch| <= atol + rtol·|torch|
     rtol: float = FP32_RTOL
     threads: int | None = None  # CPU threads for torch and onnxruntime (None: their defaults)
-    # Foreign sources (Hugging Face folders, --module):
+    # Hugging Face folders and --module (a run brings its own):
     max_length: int | None = None  # a cap on the derived max_length
     truncation_side: str = "right"  # which end of an over-long text is cut
     trust_remote_code: bool = False  # run a model folder's own Python code (auto_map)
@@ -100,10 +100,11 @@ _SWITCHES = {
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, foreign: bool = True) -> None:
+def add_arguments(parser: argparse.ArgumentParser, *, all_sources: bool = True) -> None:
     """The options' flags (defaults from ExportOptions, TEXTSERVE_EXPORT_* fallbacks).
 
-    foreign: also the flags only foreign sources use (`setup-default` exports our own run).
+    all_sources: also the flags only Hugging Face folders and --module use (`setup-default`
+    exports our own run).
     """
     d = _DEFAULTS
 
@@ -150,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, foreign: bool = True) -> N
         f"batch 32) [{ENV_PREFIX}NO_PADDING_FREE]",
     )
     flag("threads", "CPU threads for torch and onnxruntime", type=int)
-    if not foreign:
+    if not all_sources:
         return
     flag("max-length", "cap the model's max_length (tokens) at this", type=int)
     flag(

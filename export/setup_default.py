@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--epochs", type=int, default=None, help="training epochs at most (default: train's)"
     )
     # export's own options and environment fallbacks; --threads also sets training's threads
-    options.add_arguments(parser, foreign=False)
+    options.add_arguments(parser, all_sources=False)
 
 
 def existing_versions(repository: Path, name: str) -> list[int]:
@@ -97,7 +97,7 @@ def setup_default(
         logger.info("training the default model (%s preset) into %s", preset, run_dir)
         train(TrainConfig(**kwargs))  # type: ignore[arg-type]
 
-    from textserve.export.onnx_export import export_run
+    from textserve.export.pipeline import export_run
 
     logger.info("exporting %s as model %r into %s", run_dir, name, repository)
     return export_run(run_dir, repository, name, export_options)

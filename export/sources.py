@@ -1,112 +1,132 @@
-"""What `textserve export SOURCE` was given, told apart by its files; and what a foreign source
-(a Hugging Face folder, a --module factory) becomes before the export: a `Foreign` model.
+"""What `textserve export` takes a model from: a source is anything with
+`describe(options) -> Description` (export/description.py), the one description the export
+pipeline (export/pipeline.py) takes through the same checks, whatever it came from.
 
-    kind_of(Path("runs/reviews"))        # "textserve"
-    kind_of(Path("my-finetuned-bert"))   # "huggingface"
+    RunSource(Path("runs/reviews"))                        # a training run
+    HuggingFaceSource(Path("my-finetuned-bert"))           # a save_pretrained folder
+    ModuleSource("pkg.mod:build", Path("tokenizer.json"), ["neg", "pos"])  # --module
+    PathSource(Path(argv_source))                          # SOURCE, told apart by its files
+    export_source(PathSource(Path("my-finetuned-bert")), "models", "bert")
 
-No torch here: the CLI calls kind_of before anything heavy is imported.
+No torch here: a source is built before anything heavy is imported; describe() imports the
+loader it needs (export/run_source.py, export/huggingface.py, export/module_source.py).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
+from textserve.export.description import Description, Split
 from textserve.export.errors import ExportError
-
-HF_WEIGHTS = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
-# Files a slow (Python) tokenizer is saved as: vocab.txt (WordPiece), sentencepiece models,
-# vocab.json + merges.txt (byte-level BPE).
-SLOW_TOKENIZER_FILES = (
-    "vocab.txt",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "spm.model",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
-RUN_FILES = 'config.json (with a "model" object), model.safetensors, tokenizer.json, labels.json'
-HF_FILES = 'config.json (with "model_type"), model.safetensors or pytorch_model.bin, tokenizer.json'
+from textserve.export.folders import kind_of
+from textserve.export.options import ExportOptions
 
 
-def kind_of(source: Path) -> str:
-    """ "textserve" (a training run) or "huggingface" (a save_pretrained folder); ExportError
-    saying what either needs otherwise."""
-    if not source.exists():
-        raise ExportError(
-            f"{source} does not exist: SOURCE is a textserve run folder or a Hugging Face model "
-            "folder"
-        )
-    if not source.is_dir():
-        raise ExportError(
-            f"{source} is a file; SOURCE is a folder: a textserve run ({RUN_FILES}) or a "
-            f"Hugging Face model folder ({HF_FILES})"
-        )
-    config = _read_config(source / "config.json")
-    if isinstance(config.get("model"), dict) or (source / "labels.json").is_file():
-        return "textserve"
-    if isinstance(config.get("model_type"), str):
-        check_huggingface_files(source)
-        return "huggingface"
-    raise ExportError(
-        f"{source} is neither a textserve run folder ({RUN_FILES}) nor a Hugging Face model "
-        f"folder as save_pretrained writes it ({HF_FILES})"
-    )
+class ExportSource(Protocol):
+    """Where a model comes from: describe() loads it (ExportError saying what to fix)."""
+
+    def describe(self, options: ExportOptions) -> Description: ...
 
 
-def check_huggingface_files(folder: Path) -> None:
-    if not any((folder / name).is_file() for name in HF_WEIGHTS):
-        raise ExportError(
-            f"{folder} has a Hugging Face config.json but no weights: expected "
-            "model.safetensors or pytorch_model.bin (as save_pretrained writes them)"
-        )
-    if not (folder / "tokenizer.json").is_file():
-        slow = [n for n in SLOW_TOKENIZER_FILES if (folder / n).is_file()]
-        found = f" (it has the slow tokenizer's {', '.join(slow)})" if slow else ""
-        raise ExportError(
-            f"{folder} has no tokenizer.json, the fast tokenizer's file textserve serves with"
-            f'{found}; convert it once with: python -c "from transformers import AutoTokenizer; '
-            f"AutoTokenizer.from_pretrained('{folder}').save_pretrained('{folder}')\""
-        )
+# Options a run does not take: it brings its own max_length, test split, truncation, activation.
+_NOT_FOR_RUNS: dict[str, Callable[[ExportOptions], object]] = {
+    "--max-length": lambda o: o.max_length,
+    "--test-data": lambda o: o.test_data,
+    "--trust-remote-code": lambda o: o.trust_remote_code,
+    "--truncation-side": lambda o: o.truncation_side != "right",
+    "--activation": lambda o: o.activation,
+}
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ExportError(f"{path} is not readable JSON: {exc}") from None
-    return data if isinstance(data, dict) else {}
+@dataclass(frozen=True)
+class RunSource:
+    """A textserve training run (`textserve train`'s output folder)."""
+
+    run_dir: Path
+
+    def describe(self, options: ExportOptions) -> Description:
+        given = [flag for flag, value in _NOT_FOR_RUNS.items() if value(options)]
+        if given:
+            raise ExportError(
+                f"{', '.join(given)}: for Hugging Face folders and --module; a run "
+                "brings its own max_length, test split, truncation and activation"
+            )
+        from textserve.export.run_source import describe_run
+
+        return describe_run(self.run_dir, options)
 
 
-@dataclass
-class Foreign:
-    """A model that is not a textserve run, ready to export: a torch module called with the
-    graph's inputs by name (`model(**inputs)` → logits) and everything the manifest says."""
+@dataclass(frozen=True)
+class HuggingFaceSource:
+    """A local Hugging Face sequence classifier folder, as save_pretrained writes it."""
 
-    model: Any  # torch.nn.Module: model(input_ids=…, attention_mask=…[, token_type_ids=…])
-    inputs: list[str]  # graph inputs, in the order forward() takes them
+    folder: Path
+
+    def describe(self, options: ExportOptions) -> Description:
+        _refuse_fp16(options)
+        from textserve.export.huggingface import load_folder
+
+        return with_test_data(load_folder(self.folder, options), options.test_data)
+
+
+@dataclass(frozen=True)
+class ModuleSource:
+    """`--module pkg.mod:factory` with its tokenizer.json and labels."""
+
+    spec: str
+    tokenizer_file: Path | None
     labels: list[str]
-    activation: str  # softmax | sigmoid | none
-    max_length: int
-    pad_token_id: int
-    unk_token_id: int | None
-    tokenizer_file: Path
-    checkpoint: Path  # hashed into source_checkpoint_sha256
-    source: dict[str, Any]  # kind, architecture, model_type
-    vocab_size: int
-    type_vocab_size: int = 0  # token_type_ids take values below this (inputs has it when > 1)
-    folder: Path | None = None  # a Hugging Face folder: checked against transformers itself
-    hf_model: Any = None  # the transformers model, for its pipeline
-    ort_model_type: str | None = None  # onnxruntime.transformers.optimizer's model type
-    shape: tuple[int, int] = (0, 0)  # (attention heads, hidden size) for it; 0: read the graph
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self, options: ExportOptions) -> Description:
+        _refuse_fp16(options)
+        from textserve.export.module_source import load_module
+
+        loaded = load_module(self.spec, self.tokenizer_file, self.labels, options)
+        return with_test_data(loaded, options.test_data)
+
+
+@dataclass(frozen=True)
+class PathSource:
+    """SOURCE as given: a run or a Hugging Face folder, told apart by its files (kind_of)."""
+
+    path: Path
+
+    def describe(self, options: ExportOptions) -> Description:
+        if kind_of(self.path) == "textserve":
+            return RunSource(self.path).describe(options)
+        return HuggingFaceSource(self.path).describe(options)
+
+
+def _refuse_fp16(options: ExportOptions) -> None:
+    if options.fp16:
+        raise ExportError(
+            "--fp16 is for textserve runs; a Hugging Face folder or a --module exports as "
+            "fp32 or int8"
+        )
+
+
+def with_test_data(description: Description, path: Path | None) -> Description:
+    """The description with --test-data as its split; ExportError for labels it does not have."""
+    if path is None:
+        return description
+    if description.activation == "none":
+        raise ExportError("--test-data scores classifiers; a regression model has no accuracy")
+    from textserve.model.data import DataError, load_labelled
+
+    try:
+        data = load_labelled(path)
+    except DataError as exc:
+        raise ExportError(str(exc)) from None
+    labels = description.labels
+    index = {label: i for i, label in enumerate(labels)}
+    unknown = sorted({str(label) for label in data.labels} - set(index))
+    if unknown:
+        raise ExportError(
+            f"{path}: labels {', '.join(map(repr, unknown[:5]))} are not the model's "
+            f"({', '.join(labels[:10])})"
+        )
+    split = Split(list(data.texts), [index[str(label)] for label in data.labels])
+    return replace(description, split=split)

@@ -1,14 +1,16 @@
-"""Graph producers: PyTorch → ONNX, onnxruntime offline optimization, INT8 and FP16 variants.
+"""Graph producers: PyTorch → ONNX, onnxruntime's optimizers, INT8 and FP16 variants.
 
-Each takes a file and writes a file; the checks live in export/validate.py and the order of
-things (and what is published) in export/onnx_export.py.
+Each takes a file and writes a file; the checks live in export/checks.py and the order of
+things (and what is published) in export/pipeline.py.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 import onnxruntime as ort
@@ -20,7 +22,11 @@ from textserve.export.options import (
     DEFAULT_OPSET,
     DEFAULT_PADDING_FREE,
     EXPORTERS,
+    ExportOptions,
 )
+
+if TYPE_CHECKING:
+    from textserve.export.description import Description
 
 logger = logging.getLogger(__name__)
 
@@ -113,31 +119,119 @@ def export_onnx(
             batch = torch.export.Dim("batch_size")
             # The positional table has max_length rows: the bound is part of the model.
             length = torch.export.Dim("sequence_length", max=max_length)
-            torch.onnx.export(
-                model,
-                args,
-                str(path),
-                dynamo=True,
-                input_names=list(INPUT_NAMES),
-                output_names=[OUTPUT_NAME],
-                dynamic_shapes=({0: batch, 1: length}, {0: batch, 1: length}),
-                opset_version=opset,
-                external_data=False,
-                verbose=False,
-            )
+            shapes = ({0: batch, 1: length}, {0: batch, 1: length})
+            _torch_export(model, args, path, INPUT_NAMES, opset, dynamo=True,
+                          dynamic_shapes=shapes, external_data=False, verbose=False)  # fmt: skip
         else:
-            axes = {0: "batch_size", 1: "sequence_length"}
-            torch.onnx.export(
-                model,
-                args,
-                str(path),
-                dynamo=False,
-                input_names=list(INPUT_NAMES),
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={**dict.fromkeys(INPUT_NAMES, axes), OUTPUT_NAME: {0: "batch_size"}},
-                opset_version=opset,
-                do_constant_folding=True,
-            )
+            _torch_export(model, args, path, INPUT_NAMES, opset, **_torchscript(INPUT_NAMES))
+
+
+def write_graph(description: Description, path: Path, options: ExportOptions) -> dict[str, str]:
+    """The description's model as an ONNX graph at `path`; what the manifest's extra says of it.
+
+    A textserve run's TransformerClassifier: its padding-free form unless --no-padding-free, by
+    --exporter (export_onnx). Any other source's module: TorchScript, its inputs in forward()'s
+    order (export_named)."""
+    d = description
+    if d.source["kind"] == "textserve":
+        form = "padding-free" if options.padding_free else "dense"
+        logger.info(
+            "exporting to ONNX (%s exporter, opset %d, %s graph)",
+            options.exporter, options.opset, form,
+        )  # fmt: skip
+        export_onnx(
+            d.model, path, max_length=d.max_length, pad_token_id=d.pad_token_id,
+            opset=options.opset, exporter=options.exporter, padding_free=options.padding_free,
+        )  # fmt: skip
+        return {"exporter": f"torch.onnx.export ({options.exporter})", "graph_form": form}
+    logger.info("exporting %s to ONNX (opset %d)", d.source["architecture"], options.opset)
+    export_named(
+        d.model, path, inputs=d.inputs, max_length=d.max_length, vocab_size=d.vocab_size,
+        pad_token_id=d.pad_token_id, opset=options.opset,
+    )  # fmt: skip
+    return {"exporter": "torch.onnx.export (torchscript)"}
+
+
+def export_named(
+    model: torch.nn.Module,
+    path: Path,
+    *,
+    inputs: Sequence[str],
+    max_length: int,
+    vocab_size: int,
+    pad_token_id: int,
+    opset: int = DEFAULT_OPSET,
+) -> None:
+    """torch.onnx.export (TorchScript) of the model, its inputs passed positionally in `inputs`
+    order (forward()'s), with dynamic batch_size and sequence_length axes."""
+    t = min(16, max_length)
+    ids = torch.randint(0, vocab_size, (2, t), dtype=torch.int64)
+    ids[ids == pad_token_id] = (pad_token_id + 1) % vocab_size
+    mask = torch.ones((2, t), dtype=torch.int64)
+    mask[1, max(1, t // 2) :] = 0  # padding in the example, so the mask path is traced
+    ids[mask == 0] = pad_token_id
+    example = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer and deprecation notices; parity is the proof
+        args = tuple(example[n] for n in inputs)
+        _torch_export(model.eval(), args, path, inputs, opset, **_torchscript(inputs))
+
+
+def _torchscript(inputs: Sequence[str]) -> dict[str, object]:
+    """The TorchScript exporter's options: dynamic batch_size and sequence_length axes."""
+    axes = {0: "batch_size", 1: "sequence_length"}
+    dynamic = {**dict.fromkeys(inputs, axes), OUTPUT_NAME: {0: "batch_size"}}
+    return {"dynamo": False, "dynamic_axes": dynamic, "do_constant_folding": True}
+
+
+def _torch_export(
+    model: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    path: Path,
+    inputs: Sequence[str],
+    opset: int,
+    **exporter: object,
+) -> None:
+    """torch.onnx.export with the contract's input and output names; `exporter`: the rest."""
+    torch.onnx.export(
+        model,
+        args,
+        str(path),
+        input_names=list(inputs),
+        output_names=[OUTPUT_NAME],
+        opset_version=opset,
+        **exporter,  # type: ignore[arg-type]
+    )
+
+
+def optimize(src: Path, dst: Path, model_type: str | None, shape: tuple[int, int] = (0, 0)) -> str:
+    """Write an optimized copy of `src`: onnxruntime's transformer optimizer for the model types
+    it knows, its offline level (OFFLINE_LEVEL) for the others; returns which it was."""
+    if model_type is None:
+        optimize_offline(src, dst)
+        return f"onnxruntime offline ({OFFLINE_LEVEL})"
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    fusions = FusionOptions(model_type)
+    # SkipLayerNormalization is slow on CPU here: the server's CPU sessions leave that fusion
+    # out online too (textserve.artifact.disabled_optimizers): the offline optimizer leaves it
+    fusions.enable_skip_layer_norm = False
+
+    # shape (heads, hidden): the config's (0: the optimizer reads them from the graph); opt_level
+    # 0: the Python fusions only (the server's session applies onnxruntime's own levels online,
+    # for whatever provider it has)
+    model = optimize_model(
+        str(src),
+        model_type=model_type,
+        num_heads=shape[0],
+        hidden_size=shape[1],
+        opt_level=0,
+        use_gpu=False,
+        optimization_options=fusions,
+    )
+    model.save_model_to_file(str(dst))
+    return f"onnxruntime.transformers.optimizer ({model_type})"
 
 
 def optimize_offline(src: Path, dst: Path, *, level: str = OFFLINE_LEVEL) -> None:

@@ -62,7 +62,7 @@ def tiny_repository(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) ->
     the session: treat it as read-only, and `shutil.copytree` it to add or break versions.
     """
     pytest.importorskip("onnxruntime")
-    from textserve.export.onnx_export import export_run
+    from textserve.export.pipeline import export_run
 
     repository = tmp_path_factory.mktemp("models")
     export_run(tiny_run, repository, "tiny", threads=1)

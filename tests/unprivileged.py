@@ -52,10 +52,10 @@ def shared_dir() -> Iterator[Path]:
 def _export(run_dir: Path, repository: Path, name: str) -> str:
     """export_run, loading the run as the caller and writing the repository unprivileged;
     the ExportError's message, or '' if it published."""
-    from textserve.export import onnx_export
+    from textserve.export import pipeline, run_source
     from textserve.export.errors import ExportError
 
-    load = onnx_export._load_run
+    load = run_source.open_run
 
     def load_then_drop(*args: object, **kwargs: object) -> object:
         run = load(*args, **kwargs)  # type: ignore[arg-type]
@@ -65,9 +65,9 @@ def _export(run_dir: Path, repository: Path, name: str) -> str:
         probe.unlink()
         return run
 
-    onnx_export._load_run = load_then_drop  # type: ignore[assignment]
+    run_source.open_run = load_then_drop  # type: ignore[assignment]
     try:
-        onnx_export.export_run(run_dir, repository, name, threads=1)
+        pipeline.export_run(run_dir, repository, name, threads=1)
     except ExportError as exc:
         return str(exc)
     return ""

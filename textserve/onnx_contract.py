@@ -1,6 +1,6 @@
 """The ONNX side of the artifact contract, in one place: onnxruntime session options and the graph
 input/output check, for the server (service/engine/runtime.py) and the export's checks
-(export/validate.py) alike, so a graph is checked and run the same way on both sides.
+(export/checks.py) alike, so a graph is checked and run the same way on both sides.
 
     session = inference_session("model.onnx", ["CPUExecutionProvider"], intra_op_threads=1)
     check_graph(session)                                   # or an onnx.ModelProto

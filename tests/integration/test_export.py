@@ -1,4 +1,5 @@
-"""export_run end to end on the real tiny run: published files, checks, atomicity, bad input."""
+"""export_run (the one pipeline, a run as its source) end to end on the real tiny run: published
+files, checks, atomicity, bad input."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from tests.unprivileged import export_unprivileged, shared_dir, unprivileged_ids  # noqa: E402
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file  # noqa: E402
-from textserve.export import onnx_export, validate  # noqa: E402
+from textserve.export import checks, gates, pipeline  # noqa: E402
 from textserve.export.errors import CheckFailed, ExportError  # noqa: E402
 from textserve.model.checkpoint import load_run  # noqa: E402
 from textserve.tokenization import encode_batch, load_tokenizer  # noqa: E402
@@ -67,9 +68,9 @@ def test_published_graph_matches_pytorch_at_other_shapes(
     tiny_repository: Path, tiny_run: Path
 ) -> None:
     run = load_run(tiny_run)
-    inputs = validate.parity_inputs(run.max_length, run.config.vocab_size, seed=123)
+    feeds = checks.parity_feeds(run.max_length, run.config.vocab_size, seed=123)
     path = tiny_repository / "tiny" / "1" / MODEL_FILE
-    report = validate.assert_parity(path, run.model, inputs, rtol=0.0, atol=1e-4, threads=1)
+    report = checks.assert_parity(path, run.model, feeds, rtol=0.0, atol=1e-4, threads=1)
     assert report.max_abs_logit_diff <= 1e-4 and report.cases == 12
 
 
@@ -84,9 +85,10 @@ def test_published_graph_matches_pytorch_on_any_mask(tiny_repository: Path, tiny
     mask[1, 4:] = 0
     mask[2] = 0  # no real token: the model gives the head's bias
     ids[mask == 0] = run.pad_token_id
-    batches = [(ids, mask), (ids[2:3], mask[2:3]), (ids[:2, :1], np.zeros((2, 1), np.int64))]
+    pairs = [(ids, mask), (ids[2:3], mask[2:3]), (ids[:2, :1], np.zeros((2, 1), np.int64))]
+    feeds = [{"input_ids": i, "attention_mask": m} for i, m in pairs]
     path = tiny_repository / "tiny" / "1" / MODEL_FILE
-    report = validate.assert_parity(path, run.model, batches, rtol=0.0, atol=1e-4, threads=1)
+    report = checks.assert_parity(path, run.model, feeds, rtol=0.0, atol=1e-4, threads=1)
     assert report.rows == 7 and report.argmax_agreement == 1.0
 
 
@@ -113,7 +115,7 @@ def test_next_export_is_the_next_version(
 ) -> None:
     repo = tmp_path / "models"
     shutil.copytree(tiny_repository, repo)
-    version_dir = onnx_export.export_run(
+    version_dir = pipeline.export_run(
         tiny_run, repo, "tiny", threads=1, optimize=False, padding_free=False
     )
     assert version_dir == repo / "tiny" / "2"
@@ -126,7 +128,7 @@ def test_next_export_is_the_next_version(
 
 
 def test_int8_records_the_accuracy_change(tiny_run: Path, tmp_path: Path) -> None:
-    version_dir = onnx_export.export_run(tiny_run, tmp_path, "q", quantize="int8", threads=1)
+    version_dir = pipeline.export_run(tiny_run, tmp_path, "q", quantize="int8", threads=1)
     manifest = Manifest.read(version_dir)
     manifest.verify_files(version_dir)
     quant = manifest.extra["quantization"]
@@ -163,22 +165,22 @@ def test_int8_is_refused_when_accuracy_drops_too_much(tiny_run: Path, tmp_path: 
     with pytest.raises(
         CheckFailed, match=r"int8 accuracy check failed: test accuracy drops"
     ) as info:
-        onnx_export.export_run(run_dir, tmp_path / "models", "q", quantize="int8", threads=1)
+        pipeline.export_run(run_dir, tmp_path / "models", "q", quantize="int8", threads=1)
     assert info.value.figure is not None and info.value.figure > 1.0
     assert entries(tmp_path / "models" / "q") == []
     # the same run in fp32 passes every check: the drop is int8's alone
-    onnx_export.export_run(run_dir, tmp_path / "models", "q", threads=1)
+    pipeline.export_run(run_dir, tmp_path / "models", "q", threads=1)
     assert entries(tmp_path / "models" / "q") == ["1"]
 
 
 def test_fp16_keeps_float32_logits_and_states_its_tolerance(tiny_run: Path, tmp_path: Path) -> None:
-    version_dir = onnx_export.export_run(tiny_run, tmp_path, "half", fp16=True, threads=1)
+    version_dir = pipeline.export_run(tiny_run, tmp_path, "half", fp16=True, threads=1)
     manifest = Manifest.read(version_dir)
     assert manifest.precision == "fp16"
-    assert manifest.parity["tolerance"] == onnx_export.FP16_ATOL
-    assert manifest.parity["max_abs_logit_diff"] <= onnx_export.FP16_ATOL
-    assert manifest.extra["fp16"]["rtol"] == onnx_export.FP16_RTOL
-    validate.check_model(version_dir / MODEL_FILE, num_labels=3)  # logits still float32
+    assert manifest.parity["tolerance"] == gates.FP16_ATOL
+    assert manifest.parity["max_abs_logit_diff"] <= gates.FP16_ATOL
+    assert manifest.extra["fp16"]["rtol"] == gates.FP16_RTOL
+    checks.check_model(version_dir / MODEL_FILE, num_labels=3)  # logits still float32
     weights = [i for i in onnx.load(str(version_dir / MODEL_FILE)).graph.initializer]
     assert any(w.data_type == onnx.TensorProto.FLOAT16 for w in weights)
 
@@ -186,7 +188,7 @@ def test_fp16_keeps_float32_logits_and_states_its_tolerance(tiny_run: Path, tmp_
 def test_a_failed_parity_check_publishes_nothing(tiny_run: Path, tmp_path: Path) -> None:
     # No float32 graph matches PyTorch to 1e-12 everywhere: the check must fail, and say so.
     with pytest.raises(CheckFailed, match=r"parity \(fp32\) check failed: max \|Δlogit\|") as info:
-        onnx_export.export_run(tiny_run, tmp_path, "m", atol=1e-12, threads=1)
+        pipeline.export_run(tiny_run, tmp_path, "m", atol=1e-12, threads=1)
     assert info.value.figure is not None and info.value.figure > 1e-12
     assert entries(tmp_path / "m") == []
 
@@ -211,7 +213,7 @@ def test_a_failure_mid_export_leaves_no_version(
 
     monkeypatch.setattr(target, fail)
     with pytest.raises((ExportError, KeyboardInterrupt)) as info:
-        onnx_export.export_run(tiny_run, tmp_path, "m", threads=1)
+        pipeline.export_run(tiny_run, tmp_path, "m", threads=1)
     if isinstance(error, OSError):
         assert error.strerror in str(info.value) and "nothing was published" in str(info.value)
     assert entries(tmp_path / "m") == []
@@ -223,16 +225,16 @@ def test_a_killed_export_leaves_no_version_and_the_next_one_cleans_up(
     # A real crash: the exporting process is SIGKILLed halfway, so no cleanup code runs.
     code = f"""
 import os, signal
-from textserve.export import onnx_export
+from textserve.export import pipeline
 from textserve.export import transforms
 transforms.optimize_offline = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-onnx_export.export_run({str(tiny_run)!r}, {str(tmp_path)!r}, "m", threads=1)
+pipeline.export_run({str(tiny_run)!r}, {str(tmp_path)!r}, "m", threads=1)
 """
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=240)
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
     left = entries(tmp_path / "m")
     assert len(left) == 1 and left[0].startswith(".tmp-")  # a temp dir, never a version
-    assert onnx_export.export_run(tiny_run, tmp_path, "m", threads=1) == tmp_path / "m" / "1"
+    assert pipeline.export_run(tiny_run, tmp_path, "m", threads=1) == tmp_path / "m" / "1"
     assert entries(tmp_path / "m") == ["1"]
 
 
@@ -240,7 +242,7 @@ def test_incomplete_run_dir_names_the_missing_file(tiny_run: Path, tmp_path: Pat
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     (run_dir / "tokenizer.json").unlink()
     with pytest.raises(ExportError, match=r"incomplete: missing tokenizer\.json"):
-        onnx_export.export_run(run_dir, tmp_path / "models", "m")
+        pipeline.export_run(run_dir, tmp_path / "models", "m")
     assert entries(tmp_path / "models" / "m") == []
 
 
@@ -250,14 +252,14 @@ def test_weights_that_do_not_match_the_config_are_named(tiny_run: Path, tmp_path
     config["model"]["d_ff"] *= 2
     (run_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(ExportError, match=r"model\.safetensors does not match config\.json: .*ff"):
-        onnx_export.export_run(run_dir, tmp_path / "models", "m")
+        pipeline.export_run(run_dir, tmp_path / "models", "m")
 
 
 def test_unwritable_repository_is_a_clear_error(tiny_run: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "models"
     blocker.write_text("a file where the repository should be")
     with pytest.raises(ExportError, match=f"cannot write to the model repository {blocker}"):
-        onnx_export.export_run(tiny_run, blocker, "m")
+        pipeline.export_run(tiny_run, blocker, "m")
     assert blocker.read_text() == "a file where the repository should be"
 
 
@@ -293,7 +295,7 @@ def test_a_model_with_a_bag_of_ngrams_exports_and_matches_pytorch(tmp_path: Path
         output_dir=tmp_path / "run", progress=False,
     )  # fmt: skip
     run_dir = train(cfg)
-    onnx_export.export_run(run_dir, tmp_path / "models", "bag", threads=1)
+    pipeline.export_run(run_dir, tmp_path / "models", "bag", threads=1)
     version_dir = tmp_path / "models" / "bag" / "1"
     manifest = Manifest.read(version_dir)
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -308,7 +310,8 @@ def test_a_model_with_a_bag_of_ngrams_exports_and_matches_pytorch(tmp_path: Path
     mask[1, 4:] = 0
     mask[2] = 0
     ids[mask == 0] = run.pad_token_id
-    report = validate.assert_parity(
-        version_dir / MODEL_FILE, run.model, [(ids, mask)], rtol=0.0, atol=1e-4, threads=1
+    feed = {"input_ids": ids, "attention_mask": mask}
+    report = checks.assert_parity(
+        version_dir / MODEL_FILE, run.model, [feed], rtol=0.0, atol=1e-4, threads=1
     )
     assert report.argmax_agreement == 1.0

@@ -58,17 +58,15 @@ def test_graphs_come_from_the_repository_when_it_has_them(
 
 def test_the_bert_shaped_bench_runs_every_engine() -> None:
     pytest.importorskip("transformers")
-    from textserve.export import bench_foreign
-
-    tiny = {**bench_foreign.SHAPE, "num_hidden_layers": 1, "hidden_size": 32,
+    tiny = {**bench.SHAPE, "num_hidden_layers": 1, "hidden_size": 32,
             "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 3000}  # fmt: skip
-    result, notes = bench_foreign.run(batch_sizes=(1, 4), n_texts=8, rounds=1, min_seconds=0.0,
-                                      shape=tiny)  # fmt: skip
+    result, notes = bench.bert_benchmark(batch_sizes=(1, 4), n_texts=8, rounds=1,
+                                         min_seconds=0.0, shape=tiny)  # fmt: skip
     assert [(m.engine, m.batch_size) for m in result.measurements] == [
-        (e, b) for b in (1, 4) for e in bench_foreign.ENGINES
+        (e, b) for b in (1, 4) for e in bench.BERT_ENGINES
     ]
     assert all(m.texts_per_second > 0 for m in result.measurements)
     # the fp32 graphs are PyTorch's model; int8 moves logits, but not far
     assert notes["max_abs_logit_diff"]["onnxruntime fp32"] < 1e-4
     assert notes["max_abs_logit_diff"]["onnxruntime optimized"] < 1e-4
-    assert "onnxruntime int8" in bench_foreign.format_report(result, notes)
+    assert "onnxruntime int8" in bench.format_bert_report(result, notes)

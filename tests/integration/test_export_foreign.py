@@ -26,7 +26,7 @@ from tests import foreign  # noqa: E402
 from textserve import cli  # noqa: E402
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, sha256_file  # noqa: E402
 from textserve.export import huggingface  # noqa: E402
-from textserve.export.foreign_checks import CHECK_PAIRS, CHECK_TEXTS, apply_activation  # noqa: E402
+from textserve.export.checks import CHECK_PAIRS, CHECK_TEXTS, apply_activation  # noqa: E402
 from textserve.tokenization import Tokenization, load_tokenizer  # noqa: E402
 
 # inputs each architecture's graph takes, in its forward()'s order
@@ -161,12 +161,10 @@ def test_served_scores_that_differ_from_the_pipeline_are_not_published(
     """The served-score check is the one that compares what the server will answer with
     transformers' pipeline: scores off by 0.01 (graph and tokenization still equal) fail the
     export, exit 1, nothing published. Switching the check off fails this test."""
-    from textserve.export import foreign_checks
+    from textserve.export import checks
 
-    real = foreign_checks.apply_activation
-    monkeypatch.setattr(
-        foreign_checks, "apply_activation", lambda logits, how: real(logits, how) + 0.01
-    )
+    real = checks.apply_activation
+    monkeypatch.setattr(checks, "apply_activation", lambda logits, how: real(logits, how) + 0.01)
     out = tmp_path / "models"
     code, _, err = export(
         [str(folders["distilbert"]), "--repository", str(out), "--name", "s"], capsys

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.serving import running_server
 from textserve.bench import gpu_check
-from textserve.export.onnx_export import export_run
+from textserve.export.pipeline import export_run
 from textserve.service.config import RuntimeConfig
 from textserve.service.engine.runtime import CUDA, available_providers
 from textserve.service.metrics import Metrics

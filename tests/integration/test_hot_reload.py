@@ -107,7 +107,7 @@ def drop_broken_version(model_dir: Path) -> int:
 def test_versions_published_under_load_lose_no_request(
     tiny_run: Path, tiny_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from textserve.export.onnx_export import export_run
+    from textserve.export.pipeline import export_run
 
     repository = tmp_path / "models"
     shutil.copytree(tiny_repository, repository)

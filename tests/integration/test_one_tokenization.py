@@ -5,6 +5,7 @@ error on every path."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from collections.abc import Iterator
@@ -19,7 +20,9 @@ torch = pytest.importorskip("torch")
 from tests.handmade import make_version  # noqa: E402
 from textserve.artifact import TOKENIZER_FILE, Manifest, sha256_file  # noqa: E402
 from textserve.bench import ceilings  # noqa: E402
-from textserve.export.validate import tokenized_batches  # noqa: E402
+from textserve.export.checks import Encoder  # noqa: E402
+from textserve.export.options import ExportOptions  # noqa: E402
+from textserve.export.sources import RunSource  # noqa: E402
 from textserve.model.checkpoint import load_run  # noqa: E402
 from textserve.model.train import collate  # noqa: E402
 from textserve.service.config import ServerConfig  # noqa: E402
@@ -76,11 +79,10 @@ def test_training_export_serving_and_ceilings_give_identical_ids_and_masks(
     assert (run.tokenizer.token_to_id("[UNK]"),) in expected  # so was the empty text's [UNK]
 
     # the export's checks (accuracy and parity on the test split)
-    (export,) = tokenized_batches(
-        run.tokenizer, texts, max_length=run.max_length, pad_token_id=pad, batch_size=len(texts)
-    )
-    np.testing.assert_array_equal(export[0], training[0])
-    np.testing.assert_array_equal(export[1], training[1])
+    description = RunSource(tiny_run).describe(ExportOptions(threads=1))
+    (export,) = Encoder.of(description).batches(texts, batch_size=len(texts))
+    np.testing.assert_array_equal(export["input_ids"], training[0])
+    np.testing.assert_array_equal(export["attention_mask"], training[1])
 
     # the benchmark's in-process ceiling, from the published version's own tokenizer file
     recorded_runs.clear()
@@ -120,8 +122,11 @@ def test_a_tokenizer_without_unk_is_one_clear_error_on_every_path(
     message = re.escape("the tokenizer has no [UNK] token")
     with pytest.raises(TokenizationError, match=message):
         encode_ids(broken, ["a text"], 8)  # training
+    broken.save(str(tmp_path / "broken.json"))
+    description = RunSource(tiny_run).describe(ExportOptions(threads=1))
+    description = dataclasses.replace(description, tokenizer_file=tmp_path / "broken.json")
     with pytest.raises(TokenizationError, match=message):
-        tokenized_batches(broken, ["a text"], max_length=8, pad_token_id=0)  # export checks
+        Encoder.of(description).batches(["a text"])  # export checks
 
     version_dir = make_version(tmp_path / "models", "handmade", 1)
     _without_unk(version_dir)

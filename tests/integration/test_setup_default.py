@@ -14,14 +14,14 @@ import pytest
 
 pytest.importorskip("torch")
 from textserve.cli import main as cli_main
-from textserve.export import onnx_export
+from textserve.export import pipeline
 from textserve.model import train as train_module
 
 
 @pytest.fixture
 def calls(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     counted = {"train": 0, "export": 0}
-    export_run = onnx_export.export_run
+    export_run = pipeline.export_run
 
     def train(cfg: Any) -> Path:
         counted["train"] += 1
@@ -33,7 +33,7 @@ def calls(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return export_run(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "train", train)
-    monkeypatch.setattr(onnx_export, "export_run", export)
+    monkeypatch.setattr(pipeline, "export_run", export)
     return counted
 
 

@@ -50,7 +50,7 @@ def fill_volume(podman: Podman, volume: str, repository: Path) -> None:
 @pytest.fixture(scope="module")
 def default_repository(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The session's tiny model exported as `default/1`: what the image's CMD serves."""
-    from textserve.export.onnx_export import export_run
+    from textserve.export.pipeline import export_run
 
     repository = tmp_path_factory.mktemp("container-models")
     export_run(tiny_run, repository, "default", threads=1)

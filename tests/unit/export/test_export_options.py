@@ -13,15 +13,15 @@ from textserve.export.errors import ExportError
 from textserve.export.options import ExportOptions
 
 
-def parse(argv: list[str], *, foreign: bool = True) -> ExportOptions:
+def parse(argv: list[str], *, all_sources: bool = True) -> ExportOptions:
     parser = argparse.ArgumentParser()
-    options.add_arguments(parser, foreign=foreign)
+    options.add_arguments(parser, all_sources=all_sources)
     return options.from_args(parser.parse_args(argv))
 
 
-@pytest.mark.parametrize("foreign", [True, False])
-def test_no_flags_give_the_dataclass_defaults(foreign: bool) -> None:
-    assert parse([], foreign=foreign) == ExportOptions()
+@pytest.mark.parametrize("all_sources", [True, False])
+def test_no_flags_give_the_dataclass_defaults(all_sources: bool) -> None:
+    assert parse([], all_sources=all_sources) == ExportOptions()
 
 
 def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:

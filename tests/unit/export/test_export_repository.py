@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-onnx_export = pytest.importorskip("textserve.export.onnx_export")
+pipeline = pytest.importorskip("textserve.export.pipeline")
 from textserve.artifact import Manifest  # noqa: E402
 from textserve.export import publish  # noqa: E402
 from textserve.export.errors import ExportError  # noqa: E402
@@ -34,13 +34,13 @@ def test_bad_options_are_refused_before_any_work(
     args = {"name": "ok", **kwargs}
     name = args.pop("name")
     with pytest.raises(ExportError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        onnx_export.export_run(tmp_path / "no-run", tmp_path / "models", name, **args)
+        pipeline.export_run(tmp_path / "no-run", tmp_path / "models", name, **args)
     assert not (tmp_path / "models").exists()  # nothing was created
 
 
 def test_missing_run_dir_is_named(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match=f"run directory {tmp_path / 'nope'} does not exist"):
-        onnx_export.export_run(tmp_path / "nope", tmp_path / "models", "m")
+        pipeline.export_run(tmp_path / "nope", tmp_path / "models", "m")
     assert not (tmp_path / "models").exists()
 
 

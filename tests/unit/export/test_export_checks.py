@@ -1,4 +1,4 @@
-"""export.validate on hand-built graphs and a PyTorch twin: fast, no training, no exporter."""
+"""export.checks on hand-built graphs and a PyTorch twin: fast, no training, no exporter."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from onnx import helper
 from tests.handmade import make_onnx
 
 torch = pytest.importorskip("torch")
-validate = pytest.importorskip("textserve.export.validate")
+checks = pytest.importorskip("textserve.export.checks")
 from textserve.export.errors import CheckFailed  # noqa: E402
 
 VOCAB, LABELS = 50, 3
@@ -39,8 +39,10 @@ def graph(tmp_path: Path) -> tuple[Path, np.ndarray]:
     return path, weights
 
 
-def test_parity_inputs_cover_the_shapes_with_mixed_padding() -> None:
-    batches = validate.parity_inputs(max_length=64, vocab_size=VOCAB, pad_token_id=0)
+def test_parity_feeds_cover_the_shapes_with_mixed_padding() -> None:
+    feeds = checks.parity_feeds(max_length=64, vocab_size=VOCAB, pad_token_id=0)
+    batches = [(f["input_ids"], f["attention_mask"]) for f in feeds]
+    assert all(list(f) == ["input_ids", "attention_mask"] for f in feeds)
     shapes = {ids.shape for ids, _ in batches}
     assert shapes == {(b, t) for b in (1, 7, 64) for t in (1, 5, 37, 64)}
     for ids, mask in batches:
@@ -54,17 +56,28 @@ def test_parity_inputs_cover_the_shapes_with_mixed_padding() -> None:
         assert np.all(np.diff(mask, axis=1) <= 0)
 
 
-def test_parity_inputs_never_exceed_max_length() -> None:
-    batches = validate.parity_inputs(max_length=20, vocab_size=VOCAB)
-    assert {ids.shape[1] for ids, _ in batches} == {1, 5, 20}
+def test_parity_feeds_never_exceed_max_length() -> None:
+    feeds = checks.parity_feeds(max_length=20, vocab_size=VOCAB)
+    assert {f["input_ids"].shape[1] for f in feeds} == {1, 5, 20}
+
+
+def test_parity_feeds_give_type_ids_where_the_graph_takes_them() -> None:
+    # a graph's inputs in its forward()'s order; type ids random on real tokens, 0 on padding
+    inputs = ["input_ids", "token_type_ids", "attention_mask"]
+    feeds = checks.parity_feeds(max_length=20, vocab_size=VOCAB, pad_token_id=1, inputs=inputs)
+    for feed in feeds:
+        assert list(feed) == inputs
+        assert np.all(feed["token_type_ids"][feed["attention_mask"] == 0] == 0)
+        assert np.all(feed["input_ids"][feed["attention_mask"] == 1] != 1)
+    assert any(feed["token_type_ids"].any() for feed in feeds)
 
 
 def test_assert_parity_passes_for_the_same_function(graph: tuple[Path, np.ndarray]) -> None:
     path, weights = graph
-    inputs = validate.parity_inputs(max_length=40, vocab_size=VOCAB)
-    report = validate.assert_parity(path, MeanEmbedding(weights), inputs, rtol=0, atol=1e-5)
+    inputs = checks.parity_feeds(max_length=40, vocab_size=VOCAB)
+    report = checks.assert_parity(path, MeanEmbedding(weights), inputs, rtol=0, atol=1e-5)
     assert report.max_abs_logit_diff <= 1e-5
-    assert report.cases == len(inputs) and report.rows == sum(len(i) for i, _ in inputs)
+    assert report.cases == len(inputs) and report.rows == sum(len(f["input_ids"]) for f in inputs)
     assert report.argmax_agreement == 1.0
 
 
@@ -72,11 +85,11 @@ def test_assert_parity_names_the_figure_and_the_shape(graph: tuple[Path, np.ndar
     path, weights = graph
     wrong = weights.copy()
     wrong[7] += 0.5  # one token's row differs: only batches containing token 7 disagree
-    inputs = validate.parity_inputs(max_length=40, vocab_size=VOCAB)
+    inputs = checks.parity_feeds(max_length=40, vocab_size=VOCAB)
     with pytest.raises(
         CheckFailed, match=r"parity \(fp32\) check failed: max \|Δlogit\| .* at batch"
     ) as info:
-        validate.assert_parity(path, MeanEmbedding(wrong), inputs, rtol=0, atol=1e-4)
+        checks.assert_parity(path, MeanEmbedding(wrong), inputs, rtol=0, atol=1e-4)
     assert info.value.check == "parity (fp32)"
     assert info.value.figure is not None and info.value.figure > 1e-4
     assert info.value.limit == 1e-4
@@ -84,7 +97,7 @@ def test_assert_parity_names_the_figure_and_the_shape(graph: tuple[Path, np.ndar
 
 def test_check_model_accepts_the_contract(graph: tuple[Path, np.ndarray]) -> None:
     path, _ = graph
-    assert validate.check_model(path, num_labels=LABELS) == 17
+    assert checks.check_model(path, num_labels=LABELS) == 17
 
 
 def _save(model: onnx.ModelProto, tmp_path: Path) -> Path:
@@ -97,30 +110,30 @@ def test_check_model_rejects_a_fixed_batch_axis(tmp_path: Path) -> None:
     model = make_onnx(VOCAB, LABELS)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2  # frozen at export shape
     with pytest.raises(CheckFailed, match=r"input_ids axis 0 .* not dynamic"):
-        validate.check_model(_save(model, tmp_path), num_labels=LABELS)
+        checks.check_model(_save(model, tmp_path), num_labels=LABELS)
 
 
 def test_check_model_rejects_an_old_opset(tmp_path: Path) -> None:
     model = make_onnx(VOCAB, LABELS)
     model.opset_import[0].version = 16
     with pytest.raises(CheckFailed, match="opset 16 < 17"):
-        validate.check_model(_save(model, tmp_path), num_labels=LABELS)
+        checks.check_model(_save(model, tmp_path), num_labels=LABELS)
 
 
 def test_check_model_rejects_wrong_names_and_widths(tmp_path: Path) -> None:
     path = _save(make_onnx(VOCAB, LABELS), tmp_path)
     with pytest.raises(CheckFailed, match=f"logits axis 1 is {LABELS}, expected {LABELS + 1}"):
-        validate.check_model(path, num_labels=LABELS + 1)  # config says another label count
+        checks.check_model(path, num_labels=LABELS + 1)  # config says another label count
     model = make_onnx(VOCAB, LABELS)
     model.graph.node[-1].output[0] = "scores"
     model.graph.output[0].name = "scores"
     with pytest.raises(CheckFailed, match=r"outputs \['scores'\]"):
-        validate.check_model(_save(model, tmp_path), num_labels=LABELS)
+        checks.check_model(_save(model, tmp_path), num_labels=LABELS)
     model = make_onnx(VOCAB, LABELS)
     model.graph.input[1].name = "mask"
     model.graph.node[1].input[0] = "mask"
     with pytest.raises(CheckFailed, match=r"inputs \['input_ids', 'mask'\]"):
-        validate.check_model(_save(model, tmp_path), num_labels=LABELS)
+        checks.check_model(_save(model, tmp_path), num_labels=LABELS)
 
 
 def test_check_model_runs_the_full_onnx_checker(tmp_path: Path) -> None:
@@ -128,29 +141,29 @@ def test_check_model_runs_the_full_onnx_checker(tmp_path: Path) -> None:
     # A node reading a tensor nobody produces: invalid for onnx.checker.
     model.graph.node.append(helper.make_node("Relu", ["nowhere"], ["x"]))
     with pytest.raises(CheckFailed, match=r"onnx\.checker check failed"):
-        validate.check_model(_save(model, tmp_path), num_labels=LABELS)
+        checks.check_model(_save(model, tmp_path), num_labels=LABELS)
 
 
 def test_check_agreement_reports_how_many_texts_differ() -> None:
-    report = validate.SplitReport(
+    report = checks.SplitReport(
         n=200, argmax_agreement=0.99, accuracy=0.8, reference_accuracy=0.8, max_abs_logit_diff=1
     )
     with pytest.raises(CheckFailed, match=r"99.00% \(2 of 200 texts"):
-        validate.check_agreement(report)
-    validate.check_agreement(report, minimum=0.99)
+        checks.check_agreement(report)
+    checks.check_agreement(report, minimum=0.99)
 
 
 def test_check_accuracy_drop_in_points() -> None:
-    assert validate.check_accuracy_drop(0.80, 0.795, max_drop_points=1.0, label="int8") == (
+    assert checks.check_accuracy_drop(0.80, 0.795, max_drop_points=1.0, label="int8") == (
         pytest.approx(0.5)
     )
     with pytest.raises(CheckFailed, match=r"drops 2\.00 points") as info:
-        validate.check_accuracy_drop(0.80, 0.78, max_drop_points=1.0, label="int8")
+        checks.check_accuracy_drop(0.80, 0.78, max_drop_points=1.0, label="int8")
     assert info.value.check == "int8 accuracy" and info.value.figure == pytest.approx(2.0)
     # a gain is never a failure
-    assert validate.check_accuracy_drop(0.80, 0.90, max_drop_points=0.0, label="int8") < 0
+    assert checks.check_accuracy_drop(0.80, 0.90, max_drop_points=0.0, label="int8") < 0
 
 
 def test_accuracy() -> None:
     logits = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0]], dtype=np.float32)
-    assert validate.accuracy(logits, [0, 1, 1]) == pytest.approx(2 / 3)
+    assert checks.accuracy(logits, [0, 1, 1]) == pytest.approx(2 / 3)
