@@ -20,7 +20,8 @@ import numpy as np
 
 from textserve.service.dataplane.observe import Seen, observed
 from textserve.service.dataplane.prologue import decision_threshold, resolve, truncation
-from textserve.service.dataplane.windows import Windows, classify_windows
+from textserve.service.dataplane.windows import classify_windows, in_force
+from textserve.service.engine.window_options import Windows
 from textserve.v1 import classifier_pb2 as pb
 
 if TYPE_CHECKING:
@@ -83,13 +84,14 @@ async def classify(
     Raises the taxonomy of service/errors.py (each codec maps it to its own status)."""
     with observed(ctx.metrics, method, deadline, context=context, telemetry=ctx.telemetry) as seen:
         handle, truncate, threshold = prologue(ctx, call, seen)
-        if call.windows is None:
+        windows = in_force(ctx, call.windows, handle.name)
+        if windows is None:
             seen.result = result = await handle.classify(
                 call.texts, pairs=call.pairs, truncate=truncate, deadline=deadline, trace=seen.trace
             )
         else:
             seen.result = result = await classify_windows(
-                handle, call.texts, call.pairs, call.windows, deadline=deadline, trace=seen.trace
+                handle, call.texts, call.pairs, windows, deadline=deadline, trace=seen.trace
             )
         return encode(Classification(call, handle, result, threshold))
 

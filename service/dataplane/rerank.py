@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import numpy as np
 
 from textserve.service.dataplane.classify import Classification, ClassifyCall, classify, timing
-from textserve.service.dataplane.windows import Windows
+from textserve.service.dataplane.windows import in_force
+from textserve.service.engine.window_options import OFF, Windows
 from textserve.service.errors import ValidationError
 from textserve.v1 import classifier_pb2 as pb
 
@@ -89,13 +90,17 @@ async def rerank(
     Raises the taxonomy of service/errors.py, as classify does."""
     if not call.documents:
         raise ValidationError("rerank needs at least one document")
+    windows = call.windows
+    if windows is None:  # the model's default stride, a document scored by its best window
+        default = in_force(ctx, None, call.model)
+        windows = None if default is None else Windows("max", default.stride)
     pairs = ClassifyCall(
         [call.query] * len(call.documents),
         call.documents,
         model=call.model,
         version=call.version,
         truncate=call.truncate,
-        windows=call.windows,
+        windows=windows or OFF,
     )
     return await classify(
         ctx,

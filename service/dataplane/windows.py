@@ -21,39 +21,30 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from textserve.service.engine.window_options import OFF, Windows
 from textserve.service.errors import LimitExceededError, ValidationError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from textserve.service.dataplane.context import ServingContext
     from textserve.service.engine.batches import BatchTrace
     from textserve.service.engine.handle import ClassifyResult, ModelHandle
 
-AGGREGATES = ("mean", "max", "first")
 MIN_WINDOW = 8  # tokens a window must have room for beside the special tokens and the pair
 
 
-class Windows(NamedTuple):
-    """A request's choice to split long texts instead of cutting them."""
-
-    aggregate: str = "mean"  # AGGREGATES
-    stride: int = 0  # tokens each window shares with the one before it
-
-
-def checked(aggregate: str, stride: int) -> Windows:
-    """Windows from a request's fields; ValidationError naming a bad one."""
-    aggregate = aggregate or "mean"
-    if aggregate not in AGGREGATES:
-        raise ValidationError(
-            f"windows.aggregate must be one of {', '.join(AGGREGATES)}, got {aggregate[:40]!r}"
-        )
-    if not 0 <= stride < 2**31:
-        raise ValidationError(f"windows.stride must be a non-negative integer, got {stride}")
-    return Windows(aggregate, stride)
+def in_force(ctx: ServingContext, asked: Windows | None, model: str) -> Windows | None:
+    """The windows a request runs with: its own, else its model's serving.json default (None
+    or OFF: long texts are cut). `model`: the resolved name ("": the default model)."""
+    if asked is None:
+        record = ctx.repository.models.get(model or ctx.repository.default_model or "")
+        asked = None if record is None else record.windows
+    return None if asked is OFF else asked
 
 
 def split(

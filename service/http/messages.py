@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from textserve.service.dataplane.windows import Windows, checked
+from textserve.service.engine.window_options import Windows, parsed
 from textserve.service.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -148,16 +148,5 @@ def typed(document: dict[str, Any], name: str, kind: type, default: Any) -> Any:
 
 
 def windows_field(document: dict[str, Any], default: str) -> Windows | None:
-    """A request's `windows`: absent, null or false: None (long texts are cut); true: the
-    defaults (`default` aggregate, no stride); {"aggregate": ..., "stride": ...}."""
-    value = document.get("windows")
-    if value is None or value is False:
-        return None
-    if value is True:
-        return checked(default, 0)
-    if not isinstance(value, dict):
-        raise ValidationError(
-            '`windows` must be true or an object {"aggregate": "mean", "stride": 0}'
-        )
-    aggregate = typed(value, "aggregate", str, default)
-    return checked(aggregate, typed(value, "stride", int, 0))
+    """A request's `windows` (window_options.parsed): absent or null: the model's default."""
+    return parsed(document.get("windows"), default)

@@ -297,6 +297,7 @@ class ModelRepository:
             record.policy_problem = str(exc)
             return
         record.policy_problem = ""
+        record.windows = None if from_file is None else from_file.windows
         size = caches.wanted_size(self.config.cache_size, from_file)
         caches.apply_size(record, size, self.metrics)
         policy = self.config.version_policy.for_model(

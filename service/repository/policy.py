@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from textserve.service.engine.cache_size import CacheSize, CacheSizeError
+from textserve.service.engine.window_options import OFF, Windows, parsed
+from textserve.service.errors import ValidationError
 
 POLICY_FILE = "serving.json"
 KINDS = ("latest", "all", "specific")
@@ -150,9 +152,12 @@ class ServingFile:
     # "cache_size": "64MiB" / "10000entries" (docs/cache.md), or "off": this model has none
     cache_size: CacheSize | None = None
     cache_off: bool = False
+    # "windows": true / {"aggregate": "mean", "stride": 32}: long texts by windows unless a
+    # request says otherwise (dataplane/windows.py); false or absent: cut
+    windows: Windows | None = None
 
 
-FILE_KEYS = ("version_policy", "cache_size")
+FILE_KEYS = ("version_policy", "cache_size", "windows")
 
 
 def read_serving_file(model_dir: Path) -> ServingFile:
@@ -179,14 +184,20 @@ def read_serving_file(model_dir: Path) -> ServingFile:
             policy = parse_policy(spec)
         except PolicyError as exc:
             raise PolicyError(f"{path}: {exc}") from None
+    try:
+        windows = parsed(data.get("windows"), "mean")
+    except ValidationError as exc:
+        raise PolicyError(f"{path}: {exc}") from None
+    if windows is OFF:
+        windows = None
     size = data.get("cache_size")
     if size is None:
-        return ServingFile(policy)
+        return ServingFile(policy, windows=windows)
     if not isinstance(size, str | int) or isinstance(size, bool):
         raise PolicyError(f'{path}: cache_size must be a string such as "64MiB", or "off"')
     if str(size).strip().lower() == "off":
-        return ServingFile(policy, cache_off=True)
+        return ServingFile(policy, cache_off=True, windows=windows)
     try:
-        return ServingFile(policy, CacheSize.parse(str(size)))
+        return ServingFile(policy, CacheSize.parse(str(size)), windows=windows)
     except CacheSizeError as exc:
         raise PolicyError(f"{path}: {exc}") from None

@@ -26,6 +26,7 @@ from textserve.service.repository.policy import LATEST, VersionPolicy
 if TYPE_CHECKING:
     from textserve.service.engine.cache import ResponseCache
     from textserve.service.engine.handle import ModelHandle
+    from textserve.service.engine.window_options import Windows
 
 
 class State(enum.Enum):
@@ -109,6 +110,7 @@ class ModelRecord:
     disabled: bool = False  # UnloadModel(name): only pinned versions serve until LoadModel(name)
     policy_problem: str = ""  # the last serving.json error, logged once
     cache: ResponseCache | None = None  # the response cache its versions share (caches.py)
+    windows: Windows | None = None  # serving.json's default for long texts (None: cut them)
 
     def ready(self) -> list[VersionRecord]:
         """READY versions, newest first."""

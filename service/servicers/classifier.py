@@ -17,8 +17,8 @@ import grpc
 from textserve.service.dataplane.classify import ClassifyCall, classify, v1_response
 from textserve.service.dataplane.prologue import resolve
 from textserve.service.dataplane.rerank import RerankCall, rerank, v1_rerank_response
-from textserve.service.dataplane.windows import Windows, checked
 from textserve.service.dataplane.zeroshot import ZeroShotCall, v1_zero_shot_response, zero_shot
+from textserve.service.engine.window_options import Windows, checked
 from textserve.service.servicers.convert import model_summary, version_statuses
 from textserve.service.servicers.status import deadline_of, grpc_errors
 from textserve.service.servicers.stream import ClassifyStreamCall

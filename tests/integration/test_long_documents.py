@@ -5,6 +5,7 @@ them), and the aggregate equals what the same windows give when sent one by one;
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,7 @@ def test_bad_windows_are_refused(running: tuple[RunningServer, Path]) -> None:
     for windows, words in [
         ({"aggregate": "median"}, "windows.aggregate must be one of"),
         ({"stride": 40}, "stride under half"),
-        ("yes", "`windows` must be true or an object"),
+        ("yes", "`windows` must be true, false or an object"),
     ]:
         body = {"texts": [long_text(300)], "windows": windows}
         response = requests.post(url(srv, "/v1/classify"), json=body, timeout=30)
@@ -192,6 +193,28 @@ def test_bad_windows_are_refused(running: tuple[RunningServer, Path]) -> None:
         )
         (response,) = list(stream)
     assert response.error.code != 0 and "unary Classify" in response.error.message
+
+
+def test_a_models_serving_json_makes_windows_its_default(
+    running: tuple[RunningServer, Path], tmp_path: Path
+) -> None:
+    """serving.json's "windows" is the model's default: a request without `windows` is split,
+    one with `"windows": false` cut; rerank takes the stride and scores the best window."""
+    _, repo = running
+    copy = tmp_path / "models"
+    shutil.copytree(repo, copy)
+    for name in ("classifier", "reranker"):
+        (copy / name / "serving.json").write_text('{"windows": {"stride": 4}}')
+    text = long_text(500, seed=4)
+    with running_server(copy, metrics_port=0, model="classifier") as srv:
+        default = post(srv, "/v1/classify", {"texts": [text]})["results"][0]
+        cut = post(srv, "/v1/classify", {"texts": [text], "windows": False})["results"][0]
+        body = {"model": "reranker", "query": QUERY, "documents": [text]}
+        ranked = post(srv, "/v1/rerank", body)["results"][0]
+        best = post(srv, "/v1/rerank", {**body, "windows": {"aggregate": "max", "stride": 4}})
+    assert default["windows"] > 1 and not default["truncated"]
+    assert cut["windows"] == 0 and cut["truncated"]
+    assert ranked["relevance_score"] == best["results"][0]["relevance_score"]
 
 
 def test_windows_are_cut_between_words(running: tuple[RunningServer, Path]) -> None:

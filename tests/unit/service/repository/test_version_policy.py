@@ -180,3 +180,25 @@ def test_serve_flags_build_the_reload_config(monkeypatch: pytest.MonkeyPatch) ->
     assert config.version_policy.for_model("tiny") == VersionPolicy("latest", 2)
     with pytest.raises(cli.CliError, match="--poll-interval must be 0"):
         build_config(cli.build_parser().parse_args(["serve", "--poll-interval", "-1"]))
+
+
+def test_serving_json_windows(tmp_path: Path) -> None:
+    from textserve.service.engine.window_options import Windows
+
+    serving = tmp_path / "serving.json"
+    for text, expected in [
+        ('{"windows": true}', Windows("mean", 0)),
+        ('{"windows": {"aggregate": "max", "stride": 16}}', Windows("max", 16)),
+        ('{"windows": false}', None),
+        ("{}", None),
+    ]:
+        serving.write_text(text)
+        assert read_serving_file(tmp_path).windows == expected, text
+    for text, words in [
+        ('{"windows": "yes"}', "must be true, false or an object"),
+        ('{"windows": {"aggregate": "median"}}', "windows.aggregate must be one of"),
+        ('{"windows": {"stride": -1}}', "windows.stride must be a non-negative integer"),
+    ]:
+        serving.write_text(text)
+        with pytest.raises(PolicyError, match=words):
+            read_serving_file(tmp_path)
