@@ -124,6 +124,12 @@ class Encoder:
         """Whether the tokenizer's pair template sets two texts apart (the server's rule)."""
         return bool(self.tokenization.takes_pairs)
 
+    def scorable(self, texts: Sequence[str]) -> list[str]:
+        """The texts the server scores: all but those with no tokens and no unk token to become
+        (a decoder's tokenizer that adds none to an empty text: transformers cannot score it)."""
+        rows = self.tokenization.rows(list(texts), type_ids=False)
+        return [text for text, row in zip(texts, rows, strict=True) if row.ids]
+
     def batches(self, texts: Sequence[str], batch_size: int = EVAL_BATCH_SIZE) -> list[Feed]:
         """Consecutive batches of texts, encoded as the server does."""
         return [self(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
@@ -321,6 +327,11 @@ def reference_tokenizer(description: Description) -> Any:
 
     tokenizer = AutoTokenizer.from_pretrained(description.folder, local_files_only=True)
     tokenizer.truncation_side = description.truncation_side
+    # padded as the server pads: on the right (Llama's tokenizer pads left), with the manifest's
+    # pad id (a decoder's pad may be decided at export, when its tokenizer has none)
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token_id != description.pad_token_id:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(description.pad_token_id)
     return tokenizer
 
 
@@ -341,7 +352,10 @@ def tokenization_parity(
 ) -> int:
     """CheckFailed unless textserve's ids, masks (and type ids where the graph takes them) equal
     AutoTokenizer(truncation=True, max_length, padding=True)'s, for texts or, with `pairs`,
-    sentence pairs; returns the texts compared."""
+    sentence pairs; returns the texts compared. A text with no tokens that the server refuses
+    (Encoder.scorable) must have none in transformers either, and is not compared further."""
+    if pairs is None:
+        texts = _scorable(ours, reference, texts)
     want = reference(
         list(texts),
         None if pairs is None else list(pairs),
@@ -378,7 +392,9 @@ def served_parity(
     """max |Δscore| of our served scores (textserve tokenization, onnxruntime, the manifest's
     activation) against transformers.pipeline("text-classification", top_k=None), of texts
     or, with `pairs`, of sentence pairs ({"text", "text_pair"}); CheckFailed over
-    SERVED_ATOL."""
+    SERVED_ATOL. Texts the server refuses (Encoder.scorable) are left out."""
+    if pairs is None:
+        texts = ours.scorable(texts)
     expected = _pipeline_scores(description, reference, texts, pairs)
     logits = onnx_logits(make_session(graph, threads=threads), ours(texts, pairs))
     scores = apply_activation(np.asarray(logits, dtype=np.float64), description.activation)
@@ -395,6 +411,21 @@ def served_parity(
                 limit=SERVED_ATOL,
             )
     return worst
+
+
+def _scorable(ours: Encoder, reference: Any, texts: Sequence[str]) -> list[str]:
+    """ours.scorable(texts); CheckFailed for a text refused for having no tokens that
+    transformers' tokenizer gives tokens."""
+    kept = ours.scorable(texts)
+    for row, text in enumerate(texts):
+        theirs = len(reference(text)["input_ids"]) if text not in kept else 0
+        if theirs:
+            raise CheckFailed(
+                "tokenization parity",
+                f"text {row} ({_shown(text)}) has no tokens for textserve, {theirs} for "
+                "transformers' AutoTokenizer",
+            )
+    return kept
 
 
 def _pipeline_scores(

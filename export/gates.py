@@ -267,7 +267,8 @@ def _timing_shape(description: Description) -> tuple[int, int]:
 
 def _agreement(fp32: Path, candidate: Path, job: Job, providers: Sequence[str] | None) -> float:
     """The fraction of the check texts the candidate labels as the fp32 graph does."""
-    feed, threads = job.encoder(checks.CHECK_TEXTS), job.options.threads
+    feed = job.encoder(job.encoder.scorable(checks.CHECK_TEXTS))
+    threads = job.options.threads
     want = checks.onnx_logits(checks.make_session(fp32, threads=threads), feed)
     session = checks.make_session(candidate, threads=threads, providers=providers)
     got = checks.onnx_logits(session, feed)

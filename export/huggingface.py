@@ -6,6 +6,8 @@ What the manifest needs is derived as transformers and text-embeddings-inference
 labels from id2label (LABEL_i where missing), the activation from problem_type, max_length from
 max_position_embeddings less the position offset (RoBERTa-family: pad_token_id + 1), capped by
 tokenizer_config.json's model_max_length and --max-length; graph inputs in forward()'s order.
+A decoder classifier (Qwen2, Llama, …: export/decoders.py) is scored at its last non-pad token:
+its pad id is config.pad_token_id, else decided from the tokenizer and set there.
 Remote code runs only with --trust-remote-code. A checkpoint must hold every weight the model
 needs, of its shape, and nothing else (transformers would fill a gap with random values).
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch
 
+from textserve.export import decoders
 from textserve.export.description import Description
 from textserve.export.errors import ExportError
 from textserve.export.folders import HF_WEIGHTS, check_huggingface_files
@@ -81,7 +84,18 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
     tokenizer = _load_tokenizer(transformers, folder, opts)
     labels = _labels(config, model, folder)
     inputs = graph_inputs(model.forward, getattr(config, "type_vocab_size", 0))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
+    length = max_length(config, tokenizer.model_max_length, opts.max_length, folder)
+    unk = tokenizer.unk_token_id
+    notes: dict[str, Any] = {}  # the manifest's extra: a decoder's pad decision
+    if decoders.pools_last_token(model):
+        decided = decoders.decide_pad(model.config, tokenizer, folder)
+        pad, notes["pad_token"] = decided.id, decided.note()
+        model.config.use_cache = False  # one pass per batch: no key/value cache to build
+        length = decoders.capped_length(length, opts.max_length)
+        if decoders.refuses_empty_text(tokenizer):
+            unk = None
+    else:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
     if pad is None:
         raise ExportError(
             f"{folder}: neither the tokenizer nor config.json names a pad token; set "
@@ -93,9 +107,9 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
         inputs=inputs,
         labels=labels,
         activation=activation(config, len(labels), folder, opts.activation),
-        max_length=max_length(config, tokenizer.model_max_length, opts.max_length, folder),
+        max_length=length,
         pad_token_id=int(pad),
-        unk_token_id=tokenizer.unk_token_id,
+        unk_token_id=unk,
         tokenizer_file=folder / "tokenizer.json",
         checkpoint=next(folder / n for n in HF_WEIGHTS if (folder / n).is_file()),
         source={
@@ -111,6 +125,7 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
         ort_model_type=ORT_MODEL_TYPES.get(model_type or ""),
         shape=_attention_shape(config),
         versions={"transformers": transformers.__version__},
+        notes=notes,
     )
 
 

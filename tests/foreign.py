@@ -287,3 +287,125 @@ def export_all(folders: dict[str, Path], repository: Path) -> Path:
         argv = ["export", str(folder), "--repository", str(repository), "--name", name]
         assert cli.main([*argv, "--threads", "1"]) == 0, name
     return repository
+
+
+# Decoder sequence classifiers (issue #40): Qwen2, Qwen3, Llama and Gemma, each with its own
+# transformers tokenizer class built from a vocabulary trained here, as their checkpoints ship
+# (tokenizer_config.json names the class, which rebuilds its pipeline around tokenizer.json's
+# vocabulary): Qwen's byte-level BPE (no BOS, no post-processor; its <|endoftext|> is eos,
+# unk and pad), Llama's SentencePiece-style BPE with byte fallback (adds <s>, has no pad token)
+# and Gemma's (adds <bos>, pads with <pad>).
+#
+#     folder = build_decoder("llama", tmp_path / "llama", num_labels=3)
+DECODER_ARCHITECTURES = ("qwen2", "qwen3", "llama", "gemma")
+DECODER_POSITIONS = 128  # max_position_embeddings (rotary: no offset), so max_length 128
+_BYTES = [f"<0x{i:02X}>" for i in range(256)]  # byte-fallback pieces: any character encodes
+
+
+def _bpe_parts(tok: Tokenizer) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A trained BPE's vocabulary and merges, as transformers' tokenizer classes take them."""
+    import json
+
+    model = json.loads(tok.to_str())["model"]
+    return model["vocab"], [tuple(m) for m in model["merges"]]
+
+
+def _qwen_tokenizer() -> Any:
+    import transformers as tf
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(
+        corpus(),
+        trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    vocab, merges = _bpe_parts(tok)
+    return tf.Qwen2Tokenizer(vocab=vocab, merges=merges)
+
+
+def _sentencepiece_bpe(style: str) -> Any:
+    """Llama's or Gemma's tokenizer: BPE over "▁"-joined text, bytes for unseen characters."""
+    import transformers as tf
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, fuse_unk=True))
+    if style == "llama":  # <unk>=0 <s>=1 </s>=2
+        specials = ["<unk>", "<s>", "</s>"]
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+    else:  # Gemma: <pad>=0 <eos>=1 <bos>=2 <unk>=3
+        specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+        tok.normalizer = normalizers.Replace(" ", "▁")
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB + len(_BYTES), special_tokens=specials + _BYTES, show_progress=False
+    )
+    tok.train_from_iterator(corpus(), trainer)
+    vocab, merges = _bpe_parts(tok)
+    cls = tf.LlamaTokenizer if style == "llama" else tf.GemmaTokenizer
+    return cls(vocab=vocab, merges=merges, add_bos_token=True)
+
+
+def decoder_tokenizer(arch: str) -> Any:
+    """The transformers tokenizer `build_decoder` gives `arch` (train once, pass to several)."""
+    return _qwen_tokenizer() if arch.startswith("qwen") else _sentencepiece_bpe(arch)
+
+
+def _decoder_config(arch: str, tokenizer: Any, **kw: Any) -> Any:
+    import transformers as tf
+
+    shape = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,  # grouped-query attention, as the real ones
+        "max_position_embeddings": DECODER_POSITIONS,
+    }
+    ids = {
+        # Qwen2's config names its pad (the tokenizer's <|endoftext|>); Qwen3's names none,
+        # its tokenizer does; Llama has a pad in neither (the export decides: its eos)
+        "qwen2": {"pad_token_id": tokenizer.pad_token_id},
+        "qwen3": {"head_dim": 8},
+        "llama": {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id},
+        "gemma": {
+            "head_dim": 8,
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        },
+    }[arch]
+    classes = {
+        "qwen2": tf.Qwen2Config,
+        "qwen3": tf.Qwen3Config,
+        "llama": tf.LlamaConfig,
+        "gemma": tf.GemmaConfig,
+    }
+    return classes[arch](**{**shape, **ids, **kw})
+
+
+def build_decoder(
+    arch: str,
+    folder: Path,
+    *,
+    num_labels: int = 3,
+    seed: int = 0,
+    tokenizer: Any = None,
+    **config: Any,
+) -> Path:
+    """save_pretrained of a tiny random-weight decoder sequence classifier (`arch` one of
+    DECODER_ARCHITECTURES) and its tokenizer; `config` overrides the config's fields."""
+    import torch
+    import transformers as tf
+
+    tok = tokenizer if tokenizer is not None else decoder_tokenizer(arch)
+    config.setdefault("initializer_range", 0.3)  # logits of a few units (see build)
+    cfg = _decoder_config(arch, tok, num_labels=num_labels, **config)
+    torch.manual_seed(seed)
+    model = tf.AutoModelForSequenceClassification.from_config(cfg).eval()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
