@@ -14,22 +14,27 @@ thread only sends the batch's texts and waits for its rows (a pipe read releases
 The engine process gets the bytes the repository verified (model.onnx and tokenizer.json), not
 paths, so it runs exactly what was hashed; it builds the same Session and TextRunner as the
 serving process (check and warm-up stay there, on its own session) and answers one batch at a
-time. It ends when told to, or when its pipe closes (the serving process died): never an
-orphan. A batch it cannot answer (the process died) fails with InternalError, and the next
-batch starts a new engine process.
+time. Nothing on the pipe is pickled: texts go as JSON, a batch's rows come back as the raw
+bytes of their numpy records, its runs and failures as JSON (errors by taxonomy class name).
+It ends when told to, or when its pipe closes (the serving process died): never an orphan.
+A batch it cannot answer (the process died) fails with InternalError, and the next batch
+starts a new engine process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing
-import pickle
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from textserve.service.engine.batches import BatchOutput
+import numpy as np
+
+from textserve.service import errors
+from textserve.service.engine.batches import BatchOutput, RunStats
 from textserve.service.errors import InternalError
 
 if TYPE_CHECKING:
@@ -69,6 +74,9 @@ class EngineProcess:
         max_batch_tokens: int,
     ) -> None:
         self._spec = (model, tokenizer, manifest, runtime, max_batch_tokens)
+        from textserve.service.engine.inference import row_dtype
+
+        self._rows = row_dtype(len(manifest.labels))
         self._name = f"engine-{manifest.name}-{manifest.version}"
         self._lock = threading.Lock()  # one batch on the pipe at a time
         self._conn: Connection | None = None
@@ -87,7 +95,7 @@ class EngineProcess:
         if not conn.poll(START_TIMEOUT):
             process.kill()
             raise InternalError(f"{self._name} did not start within {START_TIMEOUT:.0f} s")
-        kind, value = conn.recv()
+        kind, _, value = conn.recv_bytes().decode().partition(" ")
         if kind != "ready":
             process.join(STOP_TIMEOUT)
             raise InternalError(f"{self._name} failed to start: {value}")
@@ -107,15 +115,18 @@ class EngineProcess:
                 self._start()  # the last one died: a new one for this batch
             assert self._conn is not None
             try:
-                self._conn.send(wire)
-                kind, value = self._conn.recv()
-            except (EOFError, OSError) as exc:
+                self._conn.send_bytes(json.dumps(wire).encode())
+                head = json.loads(self._conn.recv_bytes())
+                rows = self._conn.recv_bytes() if head["kind"] == "ok" else b""
+            except (EOFError, OSError, ValueError) as exc:
                 self._reap()
                 raise InternalError(f"{self._name} died during a batch ({exc!r})") from None
-        if kind == "error":
-            raise value
-        outputs, runs, errors = value
-        return BatchOutput(outputs, runs, errors)
+        if head["kind"] == "error":
+            raise rebuilt(head["error"])
+        outputs = np.frombuffer(rows, dtype=self._rows).copy()
+        runs = [RunStats(*run) for run in head["runs"]]
+        failed = {int(row): rebuilt(error) for row, error in head["errors"].items()}
+        return BatchOutput(outputs, runs, failed or None)
 
     def _reap(self) -> None:
         logger.error("%s (pid %s) died; the next batch starts a new one", self._name, self.pid)
@@ -133,7 +144,7 @@ class EngineProcess:
             self._conn, self._process = None, None
         if conn is not None:
             with contextlib.suppress(OSError):
-                conn.send(None)
+                conn.send_bytes(b"")  # stop
             conn.close()
         if process is not None:
             process.join(STOP_TIMEOUT)
@@ -155,47 +166,62 @@ def serve(
     try:
         runner = _runner(model, tokenizer_bytes, manifest, runtime, max_batch_tokens)
     except BaseException as exc:
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        conn.send_bytes(f"failed {type(exc).__name__}: {exc}".encode())
         return
     del model
-    conn.send(("ready", None))
+    conn.send_bytes(b"ready")
     from textserve.service.engine.inference import TextItem
 
     while True:
         try:
-            wire = conn.recv()
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return  # the serving process is gone
-        if wire is None:
-            return
+        if not data:
+            return  # told to stop
         requests: dict[int, object] = {}
         payloads = [
             TextItem(text, truncate, position, requests.setdefault(key, object()), pair)
-            for text, truncate, position, key, pair in wire
+            for text, truncate, position, key, pair in json.loads(data)
         ]
         try:
             output = runner(payloads)
-            errors = None if not output.errors else _portable(output.errors)
-            reply: tuple[str, Any] = ("ok", (output.outputs, output.runs, errors))
         except Exception as exc:  # the serving process fails the batch with it
-            reply = ("error", _portable({0: exc})[0])
+            reply = [json.dumps({"kind": "error", "error": portable(exc)}).encode()]
+        else:
+            head = {
+                "kind": "ok",
+                "runs": [list(run) for run in output.runs or ()],
+                "errors": {str(row): portable(e) for row, e in (output.errors or {}).items()},
+            }
+            reply = [json.dumps(head).encode(), output.outputs.tobytes()]
         try:
-            conn.send(reply)
+            for part in reply:
+                conn.send_bytes(part)
         except (EOFError, OSError):
             return
 
 
-def _portable(errors: Mapping[int, Exception]) -> dict[int, Exception]:
-    """The errors as they can cross the pipe: one whose class cannot be rebuilt from its
-    message alone (a required argument beside it) becomes an InternalError saying it."""
-    out: dict[int, Exception] = {}
-    for row, exc in errors.items():
-        try:
-            pickle.loads(pickle.dumps(exc))
-            out[row] = exc
-        except Exception:
-            out[row] = InternalError(f"{type(exc).__name__}: {exc}")
-    return out
+# The taxonomy's errors a batch can fail with, by class name (service/errors.py).
+PORTABLE: Mapping[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (errors.ValidationError, errors.NotReadyError, errors.OverloadedError,
+                errors.DeadlineExceededError, errors.CancelledError, InternalError)
+}  # fmt: skip
+
+
+def portable(exc: Exception) -> list[str]:
+    """An error as it crosses the pipe: its taxonomy class (else InternalError) and message."""
+    for cls in type(exc).__mro__:
+        if cls.__name__ in PORTABLE and PORTABLE[cls.__name__] is cls:
+            return [cls.__name__, str(exc)]
+    return ["InternalError", f"{type(exc).__name__}: {exc}"]
+
+
+def rebuilt(error: Sequence[str]) -> Exception:
+    """The error `portable` sent."""
+    name, message = error
+    return PORTABLE.get(name, InternalError)(message)
 
 
 def _runner(

@@ -76,13 +76,13 @@ def test_readyz_is_503_while_draining_and_healthz_stays_200(repository: Path) ->
         assert http(srv, "/readyz") == (200, "serving")
         handle = srv.server.repository.get(None, None)
         gate = threading.Event()
-        run_batch = handle.batcher._run_batch
+        run_batch = handle.batcher.run_batch
 
         def held(payloads: Any) -> Any:  # the model run waits: a request stays in flight
             gate.wait(DEADLINE)
             return run_batch(payloads)
 
-        handle.batcher._run_batch = held
+        handle.batcher.run_batch = held
         inflight = {"model": MODEL}
         with Client(srv.address, timeout=30) as client, ThreadPoolExecutor(1) as pool:
             pending = pool.submit(client.classify, ["a request in flight during the drain"])
