@@ -12,7 +12,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -149,27 +149,37 @@ class Server:
                 await self.health.set(name, status)
 
     async def stop(self, grace: float | None = None) -> None:
-        """drain + shutdown: health NOT_SERVING, stop accepting, let queued and in-flight
-        requests finish within `grace` seconds (default: the config's), cancel the rest."""
+        """drain + shutdown: health NOT_SERVING, GOAWAY to every connection, let queued,
+        in-flight and held requests finish within `grace` seconds (default: the config's),
+        cancel the rest. The order is service/drain.py's."""
         if self._stopping:
             return
         self._stopping = True
         grace = self.config.grace_period if grace is None else grace
         started = time.monotonic()
+        deadline = started + grace
         logger.info("draining (grace period %.1fs)", grace)
         self._set_readiness(DRAINING)
-        self.gate.close()  # from now on a new call is answered UNAVAILABLE, never CANCELLED
-        await self.health.enter_graceful_shutdown()
+        self.gate.close()  # from now on a new call waits at the gate: neither run nor cancelled
+        await self.health.enter_graceful_shutdown()  # health-checking balancers look elsewhere
         self.repository.flush()  # queued batches start now instead of waiting to fill
-        await self.gate.quiet(started + grace)  # until the clients have stopped sending
-        await self._close(max(0.0, grace - (time.monotonic() - started)))
-        logger.info("stopped after %.2fs", time.monotonic() - started)
+        await self.gate.settled(deadline)  # the callers wait for answers; grpc holds no call
+        left = max(0.0, deadline - time.monotonic())
+        stopping = asyncio.ensure_future(self.grpc_server.stop(left))
+        await asyncio.sleep(0)  # its first step: listener closed, GOAWAY sent to every client
+        self.gate.release(serve=left > 0)  # the held calls run; their callers go elsewhere next
+        await self._close(left, stopping)
+        logger.info(
+            "stopped after %.2fs (%d call(s) held at the drain's gate, %d refused)",
+            time.monotonic() - started, self.gate.held, self.gate.refused,
+        )  # fmt: skip
 
-    async def _close(self, grace: float) -> None:
-        # grpc refuses new calls at once and cancels those still running when grace is over;
-        # HTTP answers new inference requests 503 while its in-flight ones finish
+    async def _close(self, grace: float, grpc_stopping: Awaitable[None] | None = None) -> None:
+        # grpc (its stop() begun by the drain, else here) refuses new calls at once and cancels
+        # those still running when grace is over; HTTP answers new inference requests 503 while
+        # its in-flight ones finish
         http = None if self.http is None else self.http.server
-        draining = [self.grpc_server.stop(grace)]
+        draining = [grpc_stopping or self.grpc_server.stop(grace)]
         if http is not None:
             draining.append(http.drain(grace))
         await asyncio.gather(*draining)

@@ -16,8 +16,8 @@ bytes are not a valid message (truncated, garbage, invalid UTF-8 in a string fie
 answers UNKNOWN with the exception's class name, and in a request stream the reading task dies
 and the call hangs until its deadline. The guard wraps each method's deserializer so a
 parse failure becomes a marker, and wraps the method so the marker is answered with
-INVALID_ARGUMENT naming the method: a client error, reported as one. The same wrapper answers
-UNAVAILABLE once the drain's gate is closed (service/drain.py).
+INVALID_ARGUMENT naming the method: a client error, reported as one. The same wrapper holds a
+call that comes once the drain's gate is closed until the drain lets it run (service/drain.py).
 """
 
 from __future__ import annotations
@@ -183,11 +183,11 @@ def _message(method: str, reason: str, index: int | None = None) -> str:
 
 class Gate(Protocol):
     """What the guard asks of the drain's gate (service/drain.py DrainGate): whether it is
-    closed, and to count a call it refuses."""
+    closed, and, when it is, to hold a call until it may run (False: refuse it)."""
 
     closed: bool
 
-    def refuse(self) -> None: ...
+    async def hold(self) -> bool: ...
 
 
 class _Open:
@@ -195,17 +195,17 @@ class _Open:
 
     closed = False
 
-    def refuse(self) -> None:  # pragma: no cover - never closed
-        pass
+    async def hold(self) -> bool:  # pragma: no cover - never closed
+        return True
 
 
-async def _refuse(method: str, request: Any, context: grpc.aio.ServicerContext, gate: Gate) -> None:
-    """Abort a call: UNAVAILABLE while the gate is closed (counted), else INVALID_ARGUMENT for
-    a message that did not parse."""
-    if gate.closed:
-        gate.refuse()
+async def _check(method: str, request: Any, context: grpc.aio.ServicerContext, gate: Gate) -> None:
+    """The guard's slow path: while the gate is closed, hold the call until the drain lets it
+    run (UNAVAILABLE when it may not); then INVALID_ARGUMENT for a message that did not parse."""
+    if gate.closed and not await gate.hold():
         await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _message(method, request.reason))
+    if isinstance(request, Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _message(method, request.reason))
 
 
 def _guard_unary(method: str, behavior: Callable[..., Any], gate: Gate) -> Callable[..., Any]:
@@ -213,7 +213,7 @@ def _guard_unary(method: str, behavior: Callable[..., Any], gate: Gate) -> Calla
 
         async def guarded_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if gate.closed or isinstance(request, Undecodable):
-                await _refuse(method, request, context, gate)
+                await _check(method, request, context, gate)
             async for response in behavior(request, context):
                 yield response
 
@@ -230,7 +230,7 @@ def _guard_unary(method: str, behavior: Callable[..., Any], gate: Gate) -> Calla
     # servicer (measured: the interceptor chain this replaces cost two coroutines per call).
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if gate.closed or isinstance(request, Undecodable):
-            await _refuse(method, request, context, gate)
+            await _check(method, request, context, gate)
         return await behavior(request, context)
 
     return guarded
@@ -250,7 +250,7 @@ def _guard_streaming(method: str, behavior: Callable[..., Any], gate: Gate) -> C
 
         async def guarded_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
             if gate.closed:
-                await _refuse(method, None, context, gate)
+                await _check(method, None, context, gate)
             try:
                 async for response in behavior(_checked_messages(method, requests), context):
                     yield response
@@ -261,7 +261,7 @@ def _guard_streaming(method: str, behavior: Callable[..., Any], gate: Gate) -> C
 
     async def guarded(requests: Any, context: grpc.aio.ServicerContext) -> Any:
         if gate.closed:
-            await _refuse(method, None, context, gate)
+            await _check(method, None, context, gate)
         try:
             result = behavior(_checked_messages(method, requests), context)
             return await result if inspect.isawaitable(result) else result
@@ -275,8 +275,8 @@ def guard(
     method: str, handler: grpc.RpcMethodHandler, gate: Gate | None = None
 ) -> grpc.RpcMethodHandler:
     """`handler` with a deserializer that cannot raise, a behaviour that answers an
-    undecodable message with INVALID_ARGUMENT and, once `gate` is closed (the drain), every
-    new call with UNAVAILABLE: DRAINING_MESSAGE."""
+    undecodable message with INVALID_ARGUMENT and, once `gate` is closed (the drain), holds
+    every new call until the drain lets it run (or refuses it UNAVAILABLE: DRAINING_MESSAGE)."""
     gate = gate or _Open()
     if method.startswith(DRAIN_OPEN_SERVICES):
         gate = _Open()  # health says NOT_SERVING itself while draining; reflection is harmless

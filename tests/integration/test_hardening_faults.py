@@ -319,10 +319,10 @@ def test_sigterm_under_load_loses_no_accepted_request(tiny_repository: Path) -> 
     # Every request the server accepted (its handler ran) was answered, and answered OK ...
     assert counts["textserve_request_failures_total"] == 0, log
     assert counts["textserve_requests_total"] == codes["OK"], (counts, codes)
-    # ... so the others never got in: UNAVAILABLE from the drain's gate (service/drain.py) or
-    # once the port had closed; never CANCELLED, which the standard retry policies would not
-    # send again (grpc's stop() cancels the calls it has not handed to a handler yet: the gate
-    # answers every new call itself until the clients have stopped sending).
+    # ... so the others never got in: UNAVAILABLE once the port had closed (the drain's gate
+    # holds the calls that come while it starts, then serves them: service/drain.py); never
+    # CANCELLED, which the standard retry policies would not send again (grpc's stop() cancels
+    # the calls it has not handed to a handler yet: the gate lets the server take them first).
     assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
     assert codes.get("UNAVAILABLE", 0) > 0, codes  # the load went on past the SIGTERM
     assert "SIGTERM received: draining" in log and "left after the grace period" not in log

@@ -189,8 +189,9 @@ def test_a_sigkilled_supervisors_metrics_folder_is_removed_at_the_next_start(
 
 def test_sigterm_under_load_answers_ok_or_unavailable_never_cancelled(repository: Path) -> None:
     """Raw grpc.aio callers (no retry policy) over four connections to two workers while the
-    supervisor forwards SIGTERM: a call that arrives once the drain began is answered
-    UNAVAILABLE by the drain's gate, never CANCELLED by grpc's shutdown."""
+    supervisor forwards SIGTERM: a call that arrives once the drain began is held by the
+    drain's gate and served, or, once no worker listens, refused by the kernel (UNAVAILABLE,
+    connection refused); never CANCELLED by grpc's shutdown (service/drain.py)."""
     with serve_subprocess(repository, "--workers", "2", "--grace-period", "30") as server:
         load = OpenLoad(server.address, rate=150, connections=4, stream=False).start()
         try:
@@ -203,4 +204,4 @@ def test_sigterm_under_load_answers_ok_or_unavailable_never_cancelled(repository
     print(f"\nSIGTERM under load, 2 workers: {dict(load.codes)}")
     assert status == 0
     assert set(load.codes) == {"OK", "UNAVAILABLE"}, load.codes
-    assert "the server is draining" in load.messages[0]
+    assert all("Connection refused" in m for m in load.messages), load.messages

@@ -241,16 +241,15 @@ def test_a_plain_function_stream_unary_behaviour_is_guarded_too() -> None:
     assert contexts == [context] and context.aborted is None
 
 
-def test_a_closed_drain_gate_answers_unavailable_counted_and_health_stays_open() -> None:
+def test_a_closed_drain_gate_holds_calls_until_released_and_health_stays_open() -> None:
+    from prometheus_client import CollectorRegistry
+
     from textserve.service.drain import DrainGate
-    from textserve.service.servicers.interceptors import DRAINING_MESSAGE, guard
+    from textserve.service.metrics import Metrics
+    from textserve.service.servicers.interceptors import guard
 
     async def unary(request: Any, context: Any) -> str:
         return "served"
-
-    from prometheus_client import CollectorRegistry
-
-    from textserve.service.metrics import Metrics
 
     handler = grpc.unary_unary_rpc_method_handler(unary, pb.ClassifyRequest.FromString)
     metrics = Metrics(CollectorRegistry())
@@ -261,14 +260,83 @@ def test_a_closed_drain_gate_answers_unavailable_counted_and_health_stays_open()
     async def main() -> None:
         assert await served.unary_unary(served.request_deserializer(b""), FakeContext()) == "served"
         gate.close()
-        context = FakeContext()
-        with pytest.raises(grpc.aio.AbortError):
-            # closed: UNAVAILABLE even for a message that did not parse
-            await served.unary_unary(served.request_deserializer(b"\xff\xff"), context)
-        assert context.aborted == (grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
-        assert gate.refused == 1
-        assert metrics.registry.get_sample_value("textserve_drain_refusals_total") == 1
+        held = asyncio.create_task(
+            served.unary_unary(served.request_deserializer(b""), FakeContext())
+        )
+        await asyncio.sleep(0.01)
+        assert not held.done() and gate.held == 1  # neither run nor refused: waiting
+        # health answers at once (it says NOT_SERVING itself while the server drains)
         assert await health.unary_unary(health.request_deserializer(b""), FakeContext()) == "served"
-        assert gate.refused == 1
+        gate.release()
+        assert await held == "served"
+        assert gate.refused == 0
+        assert metrics.registry.get_sample_value("textserve_drain_refusals_total") == 0
+
+    asyncio.run(main())
+
+
+def test_calls_a_drain_cannot_run_are_refused_unavailable_and_counted() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from textserve.service.drain import DrainGate
+    from textserve.service.metrics import Metrics
+    from textserve.service.servicers.interceptors import DRAINING_MESSAGE, guard
+
+    async def unary(request: Any, context: Any) -> str:
+        return "served"
+
+    handler = grpc.unary_unary_rpc_method_handler(unary, pb.ClassifyRequest.FromString)
+    metrics = Metrics(CollectorRegistry())
+    gate = DrainGate(metrics)
+    served = guard("/t.S/U", handler, gate)
+
+    async def main() -> None:
+        gate.close()
+        context = FakeContext()
+        # held, then refused: UNAVAILABLE even for a message that did not parse
+        held = asyncio.create_task(
+            served.unary_unary(served.request_deserializer(b"\xff"), context)
+        )
+        await asyncio.sleep(0)
+        gate.release(serve=False)
+        with pytest.raises(grpc.aio.AbortError):
+            await held
+        assert context.aborted == (grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
+        assert (gate.held, gate.refused) == (1, 1)
+        assert metrics.registry.get_sample_value("textserve_drain_refusals_total") == 1
+
+    asyncio.run(main())
+
+
+def test_the_drain_settles_once_calls_stop_coming_or_after_hold_max() -> None:
+    import time
+
+    from textserve.service.drain import HOLD_MAX, SETTLE, DrainGate
+
+    async def main() -> None:
+        gate = DrainGate()
+        gate.close()
+        started = time.monotonic()
+        await gate.settled(started + 30)  # nobody calls: SETTLE and a step or two
+        assert SETTLE <= time.monotonic() - started < SETTLE + 1.0  # (a loaded CI machine)
+
+        gate = DrainGate()
+        gate.close()
+        started = time.monotonic()
+
+        held: list[asyncio.Task[bool]] = []
+
+        async def caller() -> None:  # an open-loop caller: a new call every 5 ms, never quiet
+            while True:
+                held.append(asyncio.create_task(gate.hold()))
+                await asyncio.sleep(0.005)
+
+        calling = asyncio.create_task(caller())
+        await gate.settled(started + 30)
+        assert HOLD_MAX <= time.monotonic() - started < HOLD_MAX + 1.0  # not the 30 s deadline
+        await gate.settled(time.monotonic())  # a deadline already passed: at once
+        calling.cancel()
+        gate.release()
+        assert all(await asyncio.gather(*held))
 
     asyncio.run(main())
