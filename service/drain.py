@@ -52,6 +52,10 @@ SETTLE = 0.02
 # go quiet. Each held call waits this long at worst; measured, 0.1 s did no better.
 HOLD_MAX = 0.25
 _STEP = 0.002  # seconds between two looks at the last held call
+# Callers that never went quiet (open loop): new calls are refused (UNAVAILABLE, retryable)
+# until none has come for this long, and only then grpc's stop() runs: a call reaching grpc
+# in the instant its shutdown begins would be CANCELLED, which nobody retries.
+QUIET = 0.1
 
 
 class DrainGate:
@@ -68,34 +72,52 @@ class DrainGate:
         self._last = 0.0  # when the last of them came
         self._released = asyncio.Event()
         self._serve = True
+        self._refusing = False  # open-loop callers: refuse new calls at once (refuse_new())
 
     def close(self) -> None:
         self.closed = True
         self._closed_at = self._last = time.monotonic()
 
     async def hold(self) -> bool:
-        """Wait until release(): whether the call may run (False: refuse it, counted)."""
-        self.held += 1
+        """Wait until release(): whether the call may run (False: refuse it, counted). After
+        refuse_new(), a new call is refused at once."""
         self._last = time.monotonic()
-        await self._released.wait()
-        if self._serve:
-            return True
+        if not self._refusing:
+            self.held += 1
+            await self._released.wait()
+            if self._serve:
+                return True
         self.refused += 1
         if self._counter is not None:
             self._counter.inc()
         return False
 
-    async def settled(self, deadline: float) -> None:
-        """Return once no call has come for SETTLE seconds (seen twice, a step apart: after a
-        blocked event loop, grpc may still hold calls not yet asked for), HOLD_MAX seconds after
-        close(), or at `deadline` (monotonic), whichever comes first."""
+    async def settled(self, deadline: float) -> bool:
+        """True once no call has come for SETTLE seconds (seen twice, a step apart: after a
+        blocked event loop, grpc may still hold calls not yet asked for); False after HOLD_MAX
+        seconds from close(), or at `deadline` (monotonic), without that."""
         limit = min(deadline, self._closed_at + HOLD_MAX)
         seen = -1.0
         while (now := time.monotonic()) < limit:
             if now - self._last >= SETTLE and self._last == seen:
-                return
+                return True
             seen = self._last
             await asyncio.sleep(min(_STEP, limit - now))
+        return False
+
+    def refuse_new(self) -> None:
+        """Run the held calls; answer every new one UNAVAILABLE (counted) from now on."""
+        self._refusing = True
+        self._serve = True
+        self._released.set()
+
+    async def quiet(self, deadline: float) -> None:
+        """Return once no call has come for QUIET seconds, or at `deadline` (monotonic)."""
+        while (now := time.monotonic()) < deadline:
+            wait = self._last + QUIET - now
+            if wait <= 0:
+                return
+            await asyncio.sleep(min(wait, deadline - now))
 
     def release(self, serve: bool = True) -> None:
         """Let the held calls, and any still to come, run (`serve`) or be refused UNAVAILABLE."""

@@ -163,7 +163,12 @@ class Server:
         self.gate.close()  # from now on a new call waits at the gate: neither run nor cancelled
         await self.health.enter_graceful_shutdown()  # health-checking balancers look elsewhere
         self.repository.flush()  # queued batches start now instead of waiting to fill
-        await self.gate.settled(deadline)  # the callers wait for answers; grpc holds no call
+        if not await self.gate.settled(deadline):
+            # Callers that do not wait for answers (open loop) never went quiet: a call of
+            # theirs reaching grpc as its shutdown begins would be CANCELLED. The held calls
+            # run; new ones are refused (UNAVAILABLE, retryable) until the callers stop.
+            self.gate.refuse_new()
+            await self.gate.quiet(deadline)
         left = max(0.0, deadline - time.monotonic())
         stopping = asyncio.ensure_future(self.grpc_server.stop(left))
         await asyncio.sleep(0)  # its first step: listener closed, GOAWAY sent to every client

@@ -340,3 +340,31 @@ def test_the_drain_settles_once_calls_stop_coming_or_after_hold_max() -> None:
         assert all(await asyncio.gather(*held))
 
     asyncio.run(main())
+
+
+def test_callers_that_never_go_quiet_are_refused_until_they_stop() -> None:
+    """Open-loop callers: after HOLD_MAX the held calls run, new ones are refused at once
+    (UNAVAILABLE, counted) and grpc's stop() waits for QUIET seconds without a call."""
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    from textserve.service.drain import QUIET, DrainGate
+    from textserve.service.metrics import Metrics
+
+    async def main() -> None:
+        metrics = Metrics(CollectorRegistry())
+        gate = DrainGate(metrics)
+        gate.close()
+        held = [asyncio.create_task(gate.hold()) for _ in range(3)]
+        await asyncio.sleep(0)
+        gate.refuse_new()
+        assert await asyncio.gather(*held) == [True, True, True]  # the held calls run
+        assert await gate.hold() is False  # a new one is refused at once
+        assert gate.refused == 1 and gate.held == 3
+        assert metrics.registry.get_sample_value("textserve_drain_refusals_total") == 1
+        started = time.monotonic()
+        await gate.quiet(started + 30)
+        assert QUIET <= time.monotonic() - started < QUIET + 1.0
+
+    asyncio.run(main())
