@@ -20,6 +20,7 @@ import numpy as np
 
 from textserve.service.dataplane.classify import Classification, ClassifyCall, classify, timing
 from textserve.service.dataplane.windows import in_force
+from textserve.service.engine.inference import logits_of
 from textserve.service.engine.window_options import OFF, Windows
 from textserve.service.errors import ValidationError
 from textserve.v1 import classifier_pb2 as pb
@@ -68,15 +69,6 @@ def relevance_column(handle: ModelHandle) -> int:
     )
 
 
-def raw(scores: np.ndarray, activation: str) -> np.ndarray:
-    """The logits behind a column of scores: sigmoid's inverse; softmax over two labels is the
-    sigmoid of their difference, so the same inverse gives that difference; 'none' is raw."""
-    if activation == "none":
-        return scores
-    clipped = np.clip(scores.astype(np.float64), 1e-12, 1 - 1e-12)
-    return np.log(clipped / (1 - clipped))
-
-
 async def rerank(
     ctx: ServingContext,
     call: RerankCall,
@@ -119,7 +111,10 @@ def ranking(call: RerankCall, answer: Classification) -> Ranking:
     scores = column
     if call.raw_scores:  # the graph's logit; derived from the score when not run (windows)
         logits = answer.result.logits
-        scores = raw(column, handle.manifest.activation) if logits is None else logits[:, index]
+        # a relevance column is a sigmoid's, or a two-label softmax's: the sigmoid of the two
+        # logits' difference, which the same inverse gives ('none': the score itself)
+        inverse = "none" if handle.manifest.activation == "none" else "sigmoid"
+        scores = logits_of(column, inverse) if logits is None else logits[:, index]
     order = np.argsort(-column, kind="stable")
     if call.top_n:
         order = order[: call.top_n]

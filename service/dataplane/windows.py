@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from textserve.service.engine.inference import logits_of
 from textserve.service.engine.window_options import OFF, Windows
 from textserve.service.errors import LimitExceededError, ValidationError
 
@@ -153,16 +154,11 @@ def aggregated(
 def _mean_of_logits(
     probs: np.ndarray, starts: np.ndarray, counts: np.ndarray, activation: str
 ) -> np.ndarray:
-    p = probs.astype(np.float64)
-    if activation == "none":
-        return np.add.reduceat(p, starts, axis=0) / counts[:, None]
-    if activation == "softmax":  # log p = logits - a constant per row: the same softmax
-        logits = np.log(np.clip(p, 1e-45, None))
-    else:  # sigmoid
-        clipped = np.clip(p, 1e-12, 1 - 1e-12)
-        logits = np.log(clipped / (1 - clipped))
+    logits = logits_of(probs, activation)  # softmax: less a constant per row, the same softmax
     mean = np.add.reduceat(logits, starts, axis=0) / counts[:, None]
     if activation == "softmax":
         e = np.exp(mean - mean.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
-    return 1 / (1 + np.exp(-mean))
+    if activation == "sigmoid":
+        return 1 / (1 + np.exp(-mean))
+    return mean

@@ -66,6 +66,19 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+def logits_of(scores: np.ndarray, activation: str) -> np.ndarray:
+    """The logits behind a version's scores (float64), as far as its activation lets them be
+    known: sigmoid's inverse exactly; softmax's up to the constant softmax discards (the log of
+    the probabilities: the same softmax); 'none': the scores themselves."""
+    values = scores.astype(np.float64)
+    if activation == "softmax":
+        return np.log(np.clip(values, 1e-45, None))
+    if activation == "sigmoid":
+        clipped = np.clip(values, 1e-12, 1 - 1e-12)
+        return np.log(clipped / (1 - clipped))
+    return values
+
+
 class ModelCheckError(ValueError):
     """The model does not fit its tokenizer or manifest; `reason` is a load-failure label
     (textserve.service.metrics.LOAD_FAILURE_REASONS)."""

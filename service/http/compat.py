@@ -24,7 +24,7 @@ import numpy as np
 
 from textserve.service.dataplane.classify import Classification, ClassifyCall
 from textserve.service.dataplane.classify import classify as classify_op
-from textserve.service.dataplane.rerank import Ranking, RerankCall, raw, rerank
+from textserve.service.dataplane.rerank import Ranking, RerankCall, rerank
 from textserve.service.dataplane.zeroshot import (
     DEFAULT_TEMPLATE,
     ZeroShot,
@@ -32,6 +32,7 @@ from textserve.service.dataplane.zeroshot import (
     v1_zero_shot_response,
     zero_shot,
 )
+from textserve.service.engine.inference import logits_of
 from textserve.service.errors import ValidationError
 from textserve.service.http.jsonify import to_json
 from textserve.service.http.messages import (
@@ -75,15 +76,6 @@ def _right_only(document: dict[str, Any]) -> None:
             f"`truncation_direction` {direction!r} is not supported: textserve cuts a text "
             "that is too long on the right"
         )
-
-
-def _raw_scores(probabilities: np.ndarray, activation: str) -> np.ndarray:
-    """A model's scores before its activation, as far as they can be known from after it:
-    sigmoid's and 'none' exactly; softmax's up to the constant softmax discards (the log of
-    the probabilities, logits whose log-sum-exp is 0)."""
-    if activation == "softmax":
-        return np.log(np.clip(probabilities.astype(np.float64), 1e-45, None))
-    return raw(probabilities, activation)
 
 
 # -- text-embeddings-inference --------------------------------------------------------------------
@@ -155,7 +147,7 @@ async def tei_predict(app: AppView, request: Request) -> Response:
         if raw_scores:  # the graph's logits; derived from the scores for cached answers
             logits = result.logits
             activation = answer.handle.manifest.activation
-            scores = _raw_scores(probs, activation) if logits is None else logits
+            scores = logits_of(probs, activation) if logits is None else logits
         order = np.argsort(-probs, axis=1, kind="stable").tolist()
         labels, rows = answer.handle.labels, scores.astype(np.float64).tolist()
         out = [
