@@ -79,11 +79,16 @@ async def classify(
     method: str,
     deadline: float | None,
     context: Any = None,
+    admit: Callable[[ModelHandle], object] | None = None,
 ) -> T:
     """Classify `call`'s texts and return `encode(classification)`; observed as `method`.
+    `admit`: an operation's own check of the version the prologue picked (rerank: a
+    cross-encoder; zero-shot: an NLI model), raising before any text runs.
     Raises the taxonomy of service/errors.py (each codec maps it to its own status)."""
     with observed(ctx.metrics, method, deadline, context=context, telemetry=ctx.telemetry) as seen:
         handle, truncate, threshold = prologue(ctx, call, seen)
+        if admit is not None:
+            admit(handle)
         windows = in_force(ctx, call.windows, handle.name)
         if windows is None:
             seen.result = result = await handle.classify(

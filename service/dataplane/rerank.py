@@ -101,6 +101,7 @@ async def rerank(
         method=method,
         deadline=deadline,
         context=context,
+        admit=relevance_column,  # a model that is no cross-encoder runs nothing
     )
 
 

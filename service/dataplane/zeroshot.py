@@ -108,6 +108,7 @@ async def zero_shot(
         method=method,
         deadline=deadline,
         context=context,
+        admit=lambda handle: nli_columns(handle, call.multi_label),  # before any pair runs
     )
 
 

@@ -278,3 +278,21 @@ def test_the_field_apis_are_counted_and_described(server: str) -> None:
     paths = requests.get(server + "/openapi.json", timeout=10).json()["paths"]
     for path in ("/predict", "/rerank", "/v1/rerank", "/v2/rerank", "/classify"):
         assert "requestBody" in paths[path]["post"], path
+
+
+def test_a_model_no_operation_can_use_runs_nothing(running: RunningServer, server: str) -> None:
+    """Rerank on a 3-label classifier and zero-shot on a non-NLI model are refused before any
+    pair reaches a batch (the data plane's `admit`), not after the model ran them all."""
+    registry = running.metrics.registry
+
+    def batched() -> float:
+        labels = {"model": "classifier"}
+        return registry.get_sample_value("textserve_batch_size_sum", labels) or 0.0
+
+    before = batched()
+    body = {"model": "classifier", "query": QUERY, "documents": DOCUMENTS}
+    assert post(server, "/v1/rerank", body).status_code == 400
+    zero_shot = {"model": "classifier", "texts": ["a text"], "candidate_labels": ["a", "b"]}
+    refused = post(server, "/v1/zero-shot", zero_shot)
+    assert refused.status_code == 400 and "no NLI model" in refused.json()["error"]
+    assert batched() == before
