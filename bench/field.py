@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from textserve import procfs
 from textserve.bench.loadgen import closed_loop
 from textserve.bench.process import ServerProcess, start_server
 from textserve.bench.requests import RequestPool, load_texts
-from textserve.bench.scrape import process_tree_cpu_seconds
 from textserve.bench.stats import summarize
 from textserve.v1 import classifier_pb2 as pb
 
@@ -119,7 +119,7 @@ def measure(server: ServerProcess, pool: RequestPool, args: argparse.Namespace) 
     pid = server.pid
 
     async def probe() -> None:
-        cpu.append(process_tree_cpu_seconds(pid) or 0.0)  # type: ignore[arg-type]
+        cpu.append(procfs.tree_cpu_seconds(pid) or 0.0)  # type: ignore[arg-type]
 
     raw, _ = asyncio.run(
         closed_loop(

@@ -37,7 +37,6 @@ from textserve import procfs
 from textserve.bench.loadgen import closed_loop
 from textserve.bench.process import ServerProcess, echo_command, serve_command, spawn
 from textserve.bench.requests import build_requests, load_texts
-from textserve.bench.scrape import process_tree_cpu_seconds
 from textserve.bench.stats import summarize
 
 
@@ -90,7 +89,7 @@ def _measure(
     cpu: list[float] = []
 
     async def probe() -> None:
-        cpu.append(process_tree_cpu_seconds(server.pid) or 0.0)  # type: ignore[arg-type]
+        cpu.append(procfs.tree_cpu_seconds(server.pid) or 0.0)  # type: ignore[arg-type]
 
     with _sampled(server.pid, svg, args.duration):
         raw, _ = asyncio.run(

@@ -70,9 +70,6 @@ def process_cpu_seconds(pid: int) -> float | None:
     return None if stat is None else stat.cpu_seconds
 
 
-process_tree_cpu_seconds = procfs.tree_cpu_seconds  # the process and its live descendants
-
-
 def fetch(url: str, timeout: float = 5.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return str(response.read().decode("utf-8"))
