@@ -9,6 +9,8 @@ tests share them.
     >>> reference = reference_tokenizer(d)  # a Hugging Face folder's  # doctest: +SKIP
     >>> tokenization_parity(d, Encoder.of(d), reference)  # doctest: +SKIP
     >>> served_parity("model.onnx", d, Encoder.of(d), reference)  # doctest: +SKIP
+    >>> offsets_parity(d, Encoder.of(d), reference)  # a token classifier's  # doctest: +SKIP
+    >>> served_token_parity("model.onnx", d, Encoder.of(d), reference)  # doctest: +SKIP
 
 Every check raises `CheckFailed` naming the check and the figure that broke it. Inference here
 follows the serving path exactly: `textserve.tokenization` (the one tokenization) and an
@@ -16,7 +18,10 @@ onnxruntime session made by `textserve.onnx_contract`, as the server's; the grap
 its check_graph too. Graphs are fed by input name and PyTorch by keyword, so a graph whose
 inputs were exported in another order than forward() takes them (mask and type ids swapped)
 fails graph parity; the transformers checks (a Hugging Face folder's) compare with
-transformers' own tokenizer and pipeline, which nothing of ours is in.
+transformers' own tokenizer and pipeline, which nothing of ours is in. A token classifier's
+logits, (B, T, labels), are compared on real tokens only (what a padding position gives is
+never read), and its checks add character offsets and transformers' token-classification
+pipeline.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -35,6 +40,7 @@ from textserve.artifact import INPUT_NAMES, OUTPUT_NAME
 from textserve.export.description import Description
 from textserve.export.errors import CheckFailed
 from textserve.export.options import MIN_OPSET
+from textserve.export.tagging import OFFSET_TEXTS
 from textserve.onnx_contract import GraphContractError, check_graph, inference_session
 from textserve.tokenization import Tokenization, load_tokenizer
 
@@ -61,6 +67,11 @@ CHECK_TEXTS = (
     "unbroken" * 900,
     "mixed 长 text " * 300 + "🙂" * 50,
 )
+
+
+# A token classifier's check texts: the same, and texts whose entities' character offsets are the
+# hard part (accents and combining marks, CJK, emoji, repeated spaces)
+TOKEN_CHECK_TEXTS = (*CHECK_TEXTS, *OFFSET_TEXTS)
 
 
 # Sentence pairs (checked when the tokenizer's pair template sets two texts apart): ordinary
@@ -150,9 +161,11 @@ def check_model(
     *,
     num_labels: int | None = None,
     inputs: Sequence[str] = INPUT_NAMES,
+    per_token: bool = False,
 ) -> int:
     """onnx.checker with full checks plus the graph contract (`inputs`, in order: the manifest
-    lists them); returns the default-domain opset."""
+    lists them; `per_token`: logits per token, a token classifier's); returns the default-domain
+    opset."""
     try:
         # The path form (not a loaded proto) also works for models over 2 GB.
         onnx.checker.check_model(str(onnx_path), full_check=True)
@@ -166,7 +179,7 @@ def check_model(
             "graph contract", f"opset {opset} < {MIN_OPSET}", figure=opset, limit=MIN_OPSET
         )
     try:
-        check_graph(model, inputs, num_labels=num_labels, strict=True)
+        check_graph(model, inputs, num_labels=num_labels, strict=True, per_token=per_token)
     except GraphContractError as exc:
         raise CheckFailed("graph contract", str(exc)) from None
     return int(opset)
@@ -225,6 +238,14 @@ def onnx_logits(session: ort.InferenceSession, feed: Feed) -> np.ndarray:
     return np.asarray(logits)
 
 
+def label_rows(logits: np.ndarray, feed: Feed) -> np.ndarray:
+    """(rows, labels): a sequence classifier's logits as they are, a token classifier's
+    (B, T, labels) at the feed's real tokens only (attention_mask 1)."""
+    if logits.ndim == 3:
+        return logits[feed["attention_mask"].astype(bool)]
+    return logits
+
+
 def assert_parity(
     onnx_path: Path | str,
     model: torch.nn.Module,
@@ -236,7 +257,8 @@ def assert_parity(
     threads: int | None = None,
     providers: Sequence[str] | None = None,
 ) -> ParityReport:
-    """CheckFailed unless |onnx - torch| <= atol + rtol·|torch| for every logit of each feed."""
+    """CheckFailed unless |onnx - torch| <= atol + rtol·|torch| for every logit of each feed
+    (of each real token's, per-token logits)."""
     session = make_session(onnx_path, threads=threads, providers=providers)
     worst, agree, rows = 0.0, 0, 0
     for feed in feeds:
@@ -246,6 +268,7 @@ def assert_parity(
                 f"parity ({label})",
                 f"logits are {got.dtype} {got.shape}, PyTorch gives float32 {want.shape}",
             )
+        got, want = label_rows(got, feed), label_rows(want, feed)
         diff = np.abs(got - want)
         worst = max(worst, float(diff.max()))
         agree += int((got.argmax(axis=1) == want.argmax(axis=1)).sum())
@@ -413,6 +436,150 @@ def served_parity(
     return worst
 
 
+class Tokens(NamedTuple):
+    """One text's served tokens as a token classifier reports them."""
+
+    ids: list[int]
+    offsets: list[tuple[int, int]]  # characters of the original text, per token
+    special: list[int]  # 1: a special token (the template's), never reported
+
+
+def served_tokens(description: Description, ours: Encoder, texts: Sequence[str]) -> list[Tokens]:
+    """The tokens of each text as served (cut to max_length), with the character offsets of the
+    version's tokenizer.json; CheckFailed where the tokenizers library's own truncation keeps
+    other tokens than the served tokenization (the offsets would then be another text's)."""
+    tokenizer = load_tokenizer(description.tokenizer_file)
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(description.max_length, direction=description.truncation_side)
+    found = [
+        Tokens(e.ids, [(start, end) for start, end in e.offsets], e.special_tokens_mask)
+        for e in tokenizer.encode_batch(list(texts))
+    ]
+    for row, (tokens, ids) in enumerate(zip(found, ours.tokenization.encode(texts), strict=True)):
+        if tokens.ids != ids:
+            shown = _shown(texts[row])
+            raise CheckFailed(
+                "offsets parity",
+                f"text {row} ({shown}): the offsets' tokens are not the served ones",
+            )
+    return found
+
+
+def offsets_parity(
+    description: Description,
+    ours: Encoder,
+    reference: Any,
+    texts: Sequence[str] = TOKEN_CHECK_TEXTS,
+) -> int:
+    """CheckFailed unless each served token's character offsets (and which tokens are special)
+    equal transformers' AutoTokenizer(return_offsets_mapping=True)'s; returns the texts compared."""
+    texts = ours.scorable(texts)
+    want = reference(
+        list(texts),
+        truncation=True,
+        max_length=description.max_length,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
+    got = served_tokens(description, ours, texts)
+    for row, tokens in enumerate(got):
+        theirs = [tuple(int(i) for i in o) for o in want["offset_mapping"][row]]
+        if tokens.offsets != theirs or list(tokens.special) != list(
+            want["special_tokens_mask"][row]
+        ):
+            at = next(
+                (i for i, (a, b) in enumerate(zip(tokens.offsets, theirs, strict=False)) if a != b),
+                min(len(tokens.offsets), len(theirs)),
+            )
+            raise CheckFailed(
+                "offsets parity",
+                f"text {row} ({_shown(texts[row])}): token {at}'s character offsets (or special "
+                "tokens) differ from transformers' AutoTokenizer's: "
+                f"{tokens.offsets[at : at + 1]} vs {theirs[at : at + 1]}",
+            )
+    return len(texts)
+
+
+def served_token_parity(
+    graph: Path,
+    description: Description,
+    ours: Encoder,
+    reference: Any,
+    texts: Sequence[str] = TOKEN_CHECK_TEXTS,
+    *,
+    threads: int | None = None,
+) -> float:
+    """max |Δscore| of each served token's score (textserve tokenization, onnxruntime, softmax
+    per token) against transformers.pipeline("token-classification", aggregation_strategy=
+    "none", ignore_labels=[]): the same tokens reported (no special token, none missing), each
+    with the same label, score within SERVED_ATOL, and the same character offsets;
+    CheckFailed otherwise."""
+    texts = ours.scorable(texts)
+    tokens = served_tokens(description, ours, texts)
+    expected = _pipeline_tokens(description, reference, texts)
+    logits = onnx_logits(make_session(graph, threads=threads), ours(texts))
+    scores = apply_activation(np.asarray(logits, dtype=np.float64), "softmax")
+    worst = 0.0
+    for row, (want, mine) in enumerate(zip(expected, tokens, strict=True)):
+        problem, diff = _token_difference(want, mine, scores[row], description.labels)
+        worst = max(worst, diff)
+        if problem is not None:
+            raise CheckFailed(
+                "served token parity",
+                f"text {row} ({_shown(texts[row])}): {problem} transformers' pipeline",
+                figure=diff,
+                limit=SERVED_ATOL,
+            )
+    return worst
+
+
+def _token_difference(
+    want: list[dict[str, Any]], mine: Tokens, scores: np.ndarray, labels: Sequence[str]
+) -> tuple[str | None, float]:
+    """What differs between the pipeline's tokens of a text and ours (None: nothing), and the
+    largest score difference."""
+    reported = [i for i, special in enumerate(mine.special) if not special]
+    theirs = [int(t["index"]) for t in want]
+    if theirs != reported:
+        return f"tokens {reported[:8]} reported here, {theirs[:8]} in", 0.0
+    worst = 0.0
+    for token in want:
+        i = int(token["index"])
+        label, score = labels[int(scores[i].argmax())], float(scores[i].max())
+        diff = abs(score - float(token["score"]))
+        worst = max(worst, diff)
+        # a near-tie may go either way between two runtimes: the label is not compared then
+        runner_up = float(np.sort(scores[i])[-2]) if len(scores[i]) > 1 else -1.0
+        same = label == token["entity"] or score - runner_up <= SERVED_ATOL
+        if not (diff <= SERVED_ATOL and same):
+            theirs_now = f"{token['entity']} {float(token['score']):.6f}"
+            return f"token {i} is {label} {score:.6f} here, {theirs_now} in", diff
+        span = (int(token["start"]), int(token["end"]))
+        if span != mine.offsets[i]:
+            return f"token {i} spans characters {mine.offsets[i]} here, {span} in", worst
+    return None, worst
+
+
+def _pipeline_tokens(
+    description: Description, reference: Any, texts: Sequence[str]
+) -> list[list[dict[str, Any]]]:
+    """transformers' token-classification pipeline's every token (no grouping, no label left
+    out) of each text, cut where the server cuts."""
+    from transformers import pipeline
+
+    reference.model_max_length = description.max_length  # where the pipeline cuts
+    pipe = pipeline(
+        "token-classification",
+        model=description.hf_model,
+        tokenizer=reference,
+        aggregation_strategy="none",
+        ignore_labels=[],
+        device="cpu",
+    )
+    answers: Any = pipe(list(texts))
+    return [list(row) for row in answers]
+
+
 def _scorable(ours: Encoder, reference: Any, texts: Sequence[str]) -> list[str]:
     """ours.scorable(texts); CheckFailed for a text refused for having no tokens that
     transformers' tokenizer gives tokens."""
@@ -452,8 +619,8 @@ def _pipeline_scores(
 
 def apply_activation(logits: np.ndarray, activation: str) -> np.ndarray:
     if activation == "softmax":
-        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return np.asarray(shifted / shifted.sum(axis=1, keepdims=True))
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return np.asarray(shifted / shifted.sum(axis=-1, keepdims=True))
     if activation == "sigmoid":
         return np.asarray(1.0 / (1.0 + np.exp(-logits)))
     return logits

@@ -1,18 +1,20 @@
 """`textserve export SOURCE`: export a model to ONNX, checked, as the next version of a model.
 
 SOURCE is a textserve run folder (`textserve train`'s output) or a local Hugging Face model
-folder (save_pretrained: config.json, model.safetensors or pytorch_model.bin, tokenizer.json),
-told apart by its files; or no SOURCE and `--module package.module:factory` for any PyTorch
-classifier taking (input_ids, attention_mask), with --tokenizer and --labels.
+folder (save_pretrained: config.json, model.safetensors or pytorch_model.bin, tokenizer.json) of
+a sequence or token classifier, told apart by its files; or no SOURCE and `--module
+package.module:factory` for any PyTorch classifier taking (input_ids, attention_mask), with
+--tokenizer and --labels.
 
 Every source goes through one pipeline (export/pipeline.py). Checks before publishing:
 onnx.checker (full), the graph contract, parity with PyTorch at batch 1/7/64 × length
 1/5/37/max_length (max |Δlogit| <= 1e-4 for fp32); for a Hugging Face folder, textserve's
 tokenization equal to its AutoTokenizer's and served scores within 1e-4 of transformers'
-pipeline; the optimizer's graph only if it passes them again and runs faster; on a test split (a
-run's own, --test-data), 100% argmax agreement with PyTorch; for --quantize int8 and --fp16 the
-accuracy may drop at most --max-accuracy-drop points. Exit status: 0 published, 1 a check failed
-(nothing published), 2 bad input.
+pipeline (a token classifier's: character offsets too, and every token's label and score in
+its token-classification pipeline); the optimizer's graph only if it passes them again and
+runs faster; on a test split (a run's own, --test-data), 100% argmax agreement with PyTorch; for
+--quantize int8 and --fp16 the accuracy may drop at most --max-accuracy-drop points. Exit
+status: 0 published, 1 a check failed (nothing published), 2 bad input.
 """
 
 from __future__ import annotations
@@ -138,6 +140,12 @@ def _report(version_dir: Path, as_json: bool) -> None:
     served = manifest.parity.get("served_max_abs_score_diff")
     if served is not None:
         print(f"  served scores vs transformers' pipeline: max |Δ| {served:.2g}")
+    if manifest.tags_tokens and manifest.tagging is not None:
+        tags = manifest.tagging
+        print(
+            f"  token classification: {tags['scheme']} labels, aggregation {tags['aggregation']}, "
+            f"ignoring {', '.join(tags['ignore_labels']) or 'no label'}, stride {tags['stride']}"
+        )
     quant = manifest.extra.get("quantization") or manifest.extra.get("fp16")
     if quant and "fp32_test_accuracy" in quant and manifest.test_accuracy is not None:
         print(

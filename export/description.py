@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from textserve.artifact import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
+
 
 class Split(NamedTuple):
     """Labelled texts the published graph is scored on (a run's test split, --test-data)."""
@@ -48,3 +50,12 @@ class Description:
     shape: tuple[int, int] = (0, 0)  # (attention heads, hidden size) for it; 0: read the graph
     versions: dict[str, Any] = field(default_factory=dict)  # beside torch/onnx/onnxruntime's
     notes: dict[str, Any] = field(default_factory=dict)  # more for the manifest's extra
+    # SEQUENCE_CLASSIFICATION (logits (B, labels)) or TOKEN_CLASSIFICATION (logits (B, T, labels),
+    # softmax per token; `tagging`: the manifest's defaults: export/tagging.py)
+    task: str = SEQUENCE_CLASSIFICATION
+    tagging: dict[str, Any] | None = None
+
+    @property
+    def per_token(self) -> bool:
+        """A token classifier: a row of logits per token, compared on real tokens only."""
+        return self.task == TOKEN_CLASSIFICATION

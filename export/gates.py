@@ -180,7 +180,9 @@ def _derived(
 def _contract(path: Path, job: Job) -> int:
     """check_model with the description's labels and inputs; the graph's opset."""
     d = job.description
-    return checks.check_model(path, num_labels=len(d.labels), inputs=d.inputs)
+    return checks.check_model(
+        path, num_labels=len(d.labels), inputs=d.inputs, per_token=d.per_token
+    )
 
 
 @dataclass(frozen=True)
@@ -266,12 +268,14 @@ def _timing_shape(description: Description) -> tuple[int, int]:
 
 
 def _agreement(fp32: Path, candidate: Path, job: Job, providers: Sequence[str] | None) -> float:
-    """The fraction of the check texts the candidate labels as the fp32 graph does."""
+    """The fraction of the check texts (a token classifier's: of their real tokens) the
+    candidate labels as the fp32 graph does."""
     feed = job.encoder(job.encoder.scorable(checks.CHECK_TEXTS))
     threads = job.options.threads
     want = checks.onnx_logits(checks.make_session(fp32, threads=threads), feed)
     session = checks.make_session(candidate, threads=threads, providers=providers)
     got = checks.onnx_logits(session, feed)
+    want, got = checks.label_rows(want, feed), checks.label_rows(got, feed)
     return float((want.argmax(1) == got.argmax(1)).mean())
 
 

@@ -1,4 +1,5 @@
-"""A local Hugging Face sequence classifier (a `save_pretrained` folder) as a `Description`.
+"""A local Hugging Face sequence or token classifier (a `save_pretrained` folder) as a
+`Description`.
 
     description = load_folder(Path("my-finetuned-bert"), ExportOptions())
 
@@ -10,6 +11,9 @@ A decoder classifier (Qwen2, Llama, …: export/decoders.py) is scored at its la
 its pad id is config.pad_token_id, else decided from the tokenizer and set there.
 Remote code runs only with --trust-remote-code. A checkpoint must hold every weight the model
 needs, of its shape, and nothing else (transformers would fill a gap with random values).
+A token classifier (…ForTokenClassification: named entities, PII spans) gives logits per token,
+(batch, sequence, labels), softmax per token; its label scheme and its tokenizer's character
+offsets are checked here (export/tagging.py).
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from typing import Any
 
 import torch
 
-from textserve.export import decoders
+from textserve.artifact import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
+from textserve.export import decoders, tagging
 from textserve.export.description import Description
 from textserve.export.errors import ExportError
 from textserve.export.folders import HF_WEIGHTS, check_huggingface_files
 from textserve.export.options import ExportOptions
+from textserve.tokenization import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +50,11 @@ ORT_MODEL_TYPES = {
     "xlm-roberta": "bert",
     "camembert": "bert",
     "electra": "bert",
+}
+# What each task's folder holds (config.json's architectures end so) and transformers loads it with
+HEADS = {
+    SEQUENCE_CLASSIFICATION: "ForSequenceClassification",
+    TOKEN_CLASSIFICATION: "ForTokenClassification",
 }
 # tokenizer_config.json's model_max_length when it was never set (transformers' VERY_LARGE_INTEGER)
 _UNSET_LENGTH = 10**12
@@ -63,7 +74,8 @@ class _Logits(torch.nn.Module):
         self.model = model
 
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
-        return self.model(*args, **kwargs, return_dict=True).logits  # (B, num_labels)
+        # (B, num_labels); a token classifier's (B, T, num_labels)
+        return self.model(*args, **kwargs, return_dict=True).logits
 
 
 def load_folder(folder: Path, opts: ExportOptions) -> Description:
@@ -72,7 +84,8 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
     transformers = _import_transformers()
     config_path = folder / "config.json"
     raw = json.loads(config_path.read_text(encoding="utf-8"))
-    _check_remote_code(folder, raw, opts)
+    task = task_of(raw)
+    _check_remote_code(folder, raw, opts, task)
     _check_architecture(folder, raw)
     try:
         config = transformers.AutoConfig.from_pretrained(
@@ -80,11 +93,15 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
         )
     except (ValueError, KeyError, OSError) as exc:
         raise ExportError(f"{config_path}: transformers cannot read it: {_first(exc)}") from None
-    model = _load_model(transformers, folder, config, opts)
+    model = _load_model(transformers, folder, config, opts, task)
     tokenizer = _load_tokenizer(transformers, folder, opts)
     labels = _labels(config, model, folder)
     inputs = graph_inputs(model.forward, getattr(config, "type_vocab_size", 0))
     length = max_length(config, tokenizer.model_max_length, opts.max_length, folder)
+    tags = None
+    if task == TOKEN_CLASSIFICATION:
+        tags = tagging.tagging_defaults(labels, length, f"{config_path}'s id2label")
+        tagging.check_offsets(load_tokenizer(folder / "tokenizer.json"), str(folder))
     unk = tokenizer.unk_token_id
     notes: dict[str, Any] = {}  # the manifest's extra: a decoder's pad decision
     if decoders.pools_last_token(model):
@@ -106,7 +123,7 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
         model=_Logits(model).eval(),
         inputs=inputs,
         labels=labels,
-        activation=activation(config, len(labels), folder, opts.activation),
+        activation=activation(config, len(labels), folder, opts.activation, task),
         max_length=length,
         pad_token_id=int(pad),
         unk_token_id=unk,
@@ -126,7 +143,20 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
         shape=_attention_shape(config),
         versions={"transformers": transformers.__version__},
         notes=notes,
+        task=task,
+        tagging=tags,
     )
+
+
+def task_of(raw: dict[str, Any]) -> str:
+    """TOKEN_CLASSIFICATION for a folder whose config.json names a …ForTokenClassification,
+    else SEQUENCE_CLASSIFICATION (what _check_architecture then holds it to)."""
+    architectures = raw.get("architectures")
+    if isinstance(architectures, list) and any(
+        isinstance(a, str) and a.endswith(HEADS[TOKEN_CLASSIFICATION]) for a in architectures
+    ):
+        return TOKEN_CLASSIFICATION
+    return SEQUENCE_CLASSIFICATION
 
 
 def graph_inputs(forward: Any, type_vocab_size: int) -> list[str]:
@@ -145,11 +175,25 @@ def graph_inputs(forward: Any, type_vocab_size: int) -> list[str]:
     return names
 
 
-def activation(config: Any, num_labels: int, folder: Path, asked: str | None = None) -> str:
+def activation(
+    config: Any,
+    num_labels: int,
+    folder: Path,
+    asked: str | None = None,
+    task: str = SEQUENCE_CLASSIFICATION,
+) -> str:
     """What transformers' text-classification pipeline applies: sigmoid for multi-label, none
     for regression, softmax for single-label; a config without problem_type and one logit
     gets sigmoid, as the pipeline does. `asked` (--activation) overrides problem_type, e.g.
-    for a multi-label model saved without it; the pipeline check is then run with it too."""
+    for a multi-label model saved without it; the pipeline check is then run with it too.
+    A token classifier: softmax per token, as the token-classification pipeline applies."""
+    if task == TOKEN_CLASSIFICATION:
+        if asked not in (None, "softmax"):
+            raise ExportError(
+                f"--activation {asked}: {folder} is a token classifier, served with softmax over "
+                "its labels per token (as transformers' token-classification pipeline)"
+            )
+        return "softmax"
     if asked is not None:
         if asked == "none" and num_labels != 1:
             raise ExportError(
@@ -280,14 +324,10 @@ def _import_transformers() -> Any:
     return transformers
 
 
-def _check_remote_code(folder: Path, raw: dict[str, Any], opts: ExportOptions) -> None:
+def _check_remote_code(folder: Path, raw: dict[str, Any], opts: ExportOptions, task: str) -> None:
     auto_map = raw.get("auto_map")
     if auto_map and not opts.trust_remote_code:
-        where = (
-            auto_map.get("AutoModelForSequenceClassification")
-            if isinstance(auto_map, dict)
-            else auto_map
-        )
+        where = auto_map.get(f"AutoModel{HEADS[task]}") if isinstance(auto_map, dict) else auto_map
         raise ExportError(
             f"{folder}/config.json points at the folder's own Python code ({where}); "
             "textserve runs it only with --trust-remote-code (read that code first)"
@@ -299,19 +339,20 @@ def _check_architecture(folder: Path, raw: dict[str, Any]) -> None:
     if (
         isinstance(architectures, list)
         and architectures
-        and not any(
-            isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures
-        )
+        and not any(isinstance(a, str) and a.endswith(tuple(HEADS.values())) for a in architectures)
     ):
         raise ExportError(
-            f"{folder} holds a {', '.join(map(str, architectures))}, not a sequence classifier; "
-            "textserve serves ...ForSequenceClassification models (fine-tune one with "
-            "AutoModelForSequenceClassification and save_pretrained it)"
+            f"{folder} holds a {', '.join(map(str, architectures))}, not a sequence classifier "
+            "nor a token classifier; textserve serves ...ForSequenceClassification and "
+            "...ForTokenClassification models (fine-tune one with AutoModelForSequence"
+            "Classification or ...ForTokenClassification and save_pretrained it)"
         )
 
 
-def _load_model(transformers: Any, folder: Path, config: Any, opts: ExportOptions) -> Any:
-    auto = transformers.AutoModelForSequenceClassification
+def _load_model(
+    transformers: Any, folder: Path, config: Any, opts: ExportOptions, task: str
+) -> Any:
+    auto = getattr(transformers, f"AutoModel{HEADS[task]}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -329,8 +370,9 @@ def _load_model(transformers: Any, folder: Path, config: Any, opts: ExportOption
             )
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):
+            kind = "token" if task == TOKEN_CLASSIFICATION else "sequence"
             raise ExportError(
-                f"{folder}: transformers has no sequence classifier for model_type "
+                f"{folder}: transformers has no {kind} classifier for model_type "
                 f"{getattr(config, 'model_type', None)!r}"
             ) from None
         raise ExportError(f"{folder}: transformers cannot load the model: {_first(exc)}") from None

@@ -9,11 +9,12 @@ yields one `Description`, and every description takes the same road: write the g
 source's exporter: TorchScript or dynamo, dynamic batch and sequence axes), check it
 (onnx.checker, the graph contract, parity with PyTorch at several shapes; for a Hugging Face
 folder also tokenization parity with its AutoTokenizer and served-score parity with its
-pipeline), optimize (kept only through the optimizer's gate: export/gates.py), score the test
-split where there is one (100% argmax agreement with PyTorch; the manifest's test_accuracy),
-derive int8 or fp16 if asked (through their accuracy gates), then publish atomically
-(export/publish.py) — only after every check passed, so a crash, a full disk or a failed check
-never leaves a partial version behind.
+pipeline; a token classifier's: per-token logits on real tokens, character offsets, and its
+token-classification pipeline's every token), optimize (kept only through the optimizer's
+gate: export/gates.py), score the test split where there is one (100% argmax agreement with
+PyTorch; the manifest's test_accuracy), derive int8 or fp16 if asked (through their accuracy
+gates), then publish atomically (export/publish.py) — only after every check passed, so a
+crash, a full disk or a failed check never leaves a partial version behind.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def manifest(description: Description, built: Built, name: str, folder: Path) ->
         threshold=0.5 if description.activation == "sigmoid" else None,
         unk_token_id=description.unk_token_id,
         truncation_side=description.truncation_side,
+        task=description.task,
+        tagging=description.tagging,
     )
 
 
@@ -188,7 +191,9 @@ class Transformers:
         if description.folder is None:
             return None
         reference = checks.reference_tokenizer(description)
-        pairs = tuple(zip(*checks.CHECK_PAIRS, strict=True)) if encoder.takes_pairs else None
+        # a token classifier tags one text at a time (its pipeline takes no pairs)
+        takes_pairs = encoder.takes_pairs and not description.per_token
+        pairs = tuple(zip(*checks.CHECK_PAIRS, strict=True)) if takes_pairs else None
         if pairs is not None and not checks.reference_types_pairs(description, reference):
             logger.warning(
                 "sentence pairs not checked: transformers' tokenizer of %s returns no "
@@ -200,8 +205,16 @@ class Transformers:
         return cls(description, encoder, reference, pairs, threads)
 
     def check(self, graph: Path) -> dict[str, float]:
-        """Tokenization and served-score parity (of pairs too, with a pair template)."""
+        """Tokenization and served-score parity (of pairs too, with a pair template; of
+        character offsets too, for a token classifier)."""
         d, ours, reference = self.description, self.encoder, self.reference
+        if d.per_token:
+            texts = checks.TOKEN_CHECK_TEXTS
+            return {
+                "tokenization_texts": checks.tokenization_parity(d, ours, reference, texts),
+                "tokenization_offsets": checks.offsets_parity(d, ours, reference, texts),
+                **self.served(graph),
+            }
         figures: dict[str, float] = {
             "tokenization_texts": checks.tokenization_parity(d, ours, reference)
         }
@@ -217,7 +230,11 @@ class Transformers:
         """Served-score parity of the graph, on the check texts and (with a template) pairs."""
         d, ours, reference, threads = self.description, self.encoder, self.reference, self.threads
         figures = {}
-        if texts:
+        if texts and d.per_token:
+            figures["served_max_abs_score_diff"] = checks.served_token_parity(
+                graph, d, ours, reference, threads=threads
+            )
+        elif texts:
             figures["served_max_abs_score_diff"] = checks.served_parity(
                 graph, d, ours, reference, threads=threads
             )

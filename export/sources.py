@@ -61,7 +61,7 @@ class RunSource:
 
 @dataclass(frozen=True)
 class HuggingFaceSource:
-    """A local Hugging Face sequence classifier folder, as save_pretrained writes it."""
+    """A local Hugging Face sequence or token classifier folder, as save_pretrained writes it."""
 
     folder: Path
 
@@ -114,6 +114,11 @@ def with_test_data(description: Description, path: Path | None) -> Description:
         return description
     if description.activation == "none":
         raise ExportError("--test-data scores classifiers; a regression model has no accuracy")
+    if description.per_token:
+        raise ExportError(
+            "--test-data scores a label per text; a token classifier labels each token "
+            "(its export is checked against transformers' token-classification pipeline)"
+        )
     from textserve.model.data import DataError, load_labelled
 
     try:

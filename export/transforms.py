@@ -147,7 +147,7 @@ def write_graph(description: Description, path: Path, options: ExportOptions) ->
     logger.info("exporting %s to ONNX (opset %d)", d.source["architecture"], options.opset)
     export_named(
         d.model, path, inputs=d.inputs, max_length=d.max_length, vocab_size=d.vocab_size,
-        pad_token_id=d.pad_token_id, opset=options.opset,
+        pad_token_id=d.pad_token_id, opset=options.opset, per_token=d.per_token,
     )  # fmt: skip
     return {"exporter": "torch.onnx.export (torchscript)"}
 
@@ -161,9 +161,11 @@ def export_named(
     vocab_size: int,
     pad_token_id: int,
     opset: int = DEFAULT_OPSET,
+    per_token: bool = False,
 ) -> None:
     """torch.onnx.export (TorchScript) of the model, its inputs passed positionally in `inputs`
-    order (forward()'s), with dynamic batch_size and sequence_length axes."""
+    order (forward()'s), with dynamic batch_size and sequence_length axes; `per_token`: logits
+    (batch_size, sequence_length, labels), a token classifier's."""
     t = min(16, max_length)
     ids = torch.randint(0, vocab_size, (2, t), dtype=torch.int64)
     ids[ids == pad_token_id] = (pad_token_id + 1) % vocab_size
@@ -174,13 +176,18 @@ def export_named(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation notices; parity is the proof
         args = tuple(example[n] for n in inputs)
-        _torch_export(model.eval(), args, path, inputs, opset, **_torchscript(inputs))
+        options = _torchscript(inputs, per_token=per_token)
+        _torch_export(model.eval(), args, path, inputs, opset, **options)
 
 
-def _torchscript(inputs: Sequence[str]) -> dict[str, object]:
-    """The TorchScript exporter's options: dynamic batch_size and sequence_length axes."""
+def _torchscript(inputs: Sequence[str], *, per_token: bool = False) -> dict[str, object]:
+    """The TorchScript exporter's options: dynamic batch_size and sequence_length axes (of the
+    logits too, `per_token`)."""
     axes = {0: "batch_size", 1: "sequence_length"}
-    dynamic = {**dict.fromkeys(inputs, axes), OUTPUT_NAME: {0: "batch_size"}}
+    dynamic = {
+        **dict.fromkeys(inputs, axes),
+        OUTPUT_NAME: dict(axes) if per_token else {0: "batch_size"},
+    }
     return {"dynamo": False, "dynamic_axes": dynamic, "do_constant_folding": True}
 
 

@@ -19,10 +19,13 @@ METHODS: tuple[str, ...] = (
     "ModelInfer",
     "Rerank",
     "ZeroShot",
+    "Tag",
+    "TagStream",
     "HttpClassify",
     "HttpInfer",
     "HttpRerank",
     "HttpZeroShot",
+    "HttpTag",
 )
 
 # gRPC status code names (grpc.StatusCode.X.name); the label `code` takes exactly these values.
@@ -134,6 +137,9 @@ PADDING_RATIO_BUCKETS: tuple[float, ...] = (
     1.0,
 )
 
+
+# Entities a token classifier reports per text: none, a few, many (a PII-dense document).
+ENTITY_COUNT_BUCKETS: tuple[float, ...] = (0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144)
 
 # The winning (highest) probability of a prediction: fine near 1, where a confident model
 # lives and where a drift of confidence shows first.

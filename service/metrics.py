@@ -40,6 +40,7 @@ from textserve.service.metric_labels import (
     BATCH_TOKEN_BUCKETS,
     CODES,
     CONFIDENCE_BUCKETS,
+    ENTITY_COUNT_BUCKETS,
     FAILURE_REASONS,
     LATENCY_BUCKETS,
     LIMITS,
@@ -67,6 +68,7 @@ __all__ = [
     "CODES",
     "CONFIDENCE_BUCKETS",
     "DRAINING",
+    "ENTITY_COUNT_BUCKETS",
     "FAILURE_REASONS",
     "LATENCY_BUCKETS",
     "LIMITS",
@@ -273,6 +275,20 @@ class Metrics:
             buckets=CONFIDENCE_BUCKETS,
             registry=r,
         )
+        # A token classifier's counterpart of the two above: what it finds, per label and text.
+        self.entities = Counter(
+            "textserve_entities",
+            "Entities a token classifier reported, by label (after grouping and ignore_labels)",
+            ["model", "version", "label"],
+            registry=r,
+        )
+        self.entities_per_text = Histogram(
+            "textserve_entities_per_text",
+            "Entities a token classifier reported per text",
+            ["model", "version"],
+            buckets=ENTITY_COUNT_BUCKETS,
+            registry=r,
+        )
         self.trace_spans_dropped = Counter(
             "textserve_trace_spans_dropped",
             "Finished trace spans never exported (OTLP endpoint unreachable, slow or refusing)",
@@ -427,6 +443,10 @@ class Metrics:
         """The prediction series of one model version (its handle counts every answer)."""
         return PredictionMetrics(self, model, str(version), labels)
 
+    def for_entities(self, model: str, version: str | int, labels: Sequence[str]) -> EntityMetrics:
+        """The entity series of one token classifier version (its runner counts each batch)."""
+        return EntityMetrics(self, model, str(version), labels)
+
     def count_dropped_spans(self, reason: str, spans: int) -> None:
         """Count finished spans that never reached the OTLP endpoint."""
         if reason not in SPAN_DROP_REASONS:
@@ -518,6 +538,33 @@ class CacheMetrics:
     def on_size(self, nbytes: int, entries: int) -> None:
         self._bytes.set(nbytes)
         self._entries.set(entries)
+
+
+class EntityMetrics:
+    """One token classifier version's entities: textserve_entities_total per label (every
+    entity group of its labels at zero from the start) and the entities per text."""
+
+    def __init__(self, metrics: Metrics, model: str, version: str, labels: Sequence[str]) -> None:
+        groups = dict.fromkeys(label.split("-", 1)[-1] for label in labels)
+        self._series = metrics.entities
+        self._key = (model, version)
+        self._labels = {group: metrics.entities.labels(model, version, group) for group in groups}
+        self._per_text = metrics.entities_per_text.labels(model, version)
+
+    def observe(self, entities: Sequence[Sequence[Any]]) -> None:
+        """Count a batch's entities (per text: a list of textserve.tagging.Entity)."""
+        counts: dict[str, int] = {}
+        for found in entities:
+            for entity in found:
+                counts[entity.label] = counts.get(entity.label, 0) + 1
+        for label, count in counts.items():
+            child = self._labels.get(label)
+            if child is None:  # aggregation none: a token's full label (B-PER)
+                if len(self._labels) >= 4096:
+                    continue
+                child = self._labels[label] = self._series.labels(*self._key, label)
+            child.inc(count)
+        observe_many(self._per_text, np.fromiter((len(f) for f in entities), np.float64))
 
 
 class PredictionMetrics:

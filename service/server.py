@@ -235,6 +235,8 @@ def create_server(
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             # one process: a port in use is an error, not a shared listener
             ("grpc.so_reuseport", 1 if reuse_port else 0),
+            ("grpc.server.max_pending_requests", 1_000_000),
+            ("grpc.server.max_pending_requests_hard_limit", 1_000_000),
         ],
     )
     registrar: Any = GuardedRegistrar(grpc_server, gate)  # a grpc.aio.Server to the services

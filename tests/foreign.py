@@ -1,4 +1,4 @@
-"""Tiny Hugging Face sequence classifiers built here, as `save_pretrained` writes them.
+"""Tiny Hugging Face sequence and token classifiers built here, as `save_pretrained` writes them.
 
 Random weights from each architecture's config class (2 layers, hidden 32) and a tokenizer
 trained on a few hundred synthetic texts: WordPiece for BERT-style models, byte-level BPE for
@@ -6,11 +6,12 @@ RoBERTa-style, Unigram (SentencePiece-like, with Metaspace) for DeBERTa-v2 and X
 downloaded.
 
     folder = build("bert", tmp_path / "bert", num_labels=3)
+    tagger = build_token("roberta", tmp_path / "ner")  # labels O, B-PER, I-PER, B-LOC, I-LOC
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,11 @@ def _byte_bpe() -> tuple[Tokenizer, dict[str, str]]:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),
     )
-    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    # offsets as transformers' RobertaTokenizerFast sets them (add_prefix_space False, its
+    # default): trimmed of the spaces a "Ġ" token carries, so an entity starts at its letter
+    tok.post_processor = processors.RobertaProcessing(
+        ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False
+    )
     names = {
         "bos_token": "<s>",
         "eos_token": "</s>",
@@ -235,6 +240,59 @@ def build(
     **config: Any,
 ) -> Path:
     """save_pretrained of a tiny random-weight `arch` sequence classifier and its tokenizer."""
+    auto = "AutoModelForSequenceClassification"
+    return _save(arch, folder, auto, seed, tokenizer, num_labels=num_labels, **config)
+
+
+# a token classifier's labels: people and places in BIO (IOB2)
+TOKEN_LABELS = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+
+
+def build_token(
+    arch: str,
+    folder: Path,
+    *,
+    labels: Sequence[str] = TOKEN_LABELS,
+    seed: int = 0,
+    tokenizer: tuple[Tokenizer, dict[str, str]] | None = None,
+    **config: Any,
+) -> Path:
+    """save_pretrained of a tiny random-weight `arch` token classifier (…ForTokenClassification,
+    id2label from `labels`) and its tokenizer: what transformers' token-classification pipeline
+    and `textserve export` take.
+
+        folder = build_token("xlm-roberta", tmp_path / "pii", labels=("O", "EMAIL", "PHONE"))
+    """
+    config.setdefault("id2label", dict(enumerate(labels)))
+    config.setdefault("label2id", {label: i for i, label in enumerate(labels)})
+    return _save(arch, folder, "AutoModelForTokenClassification", seed, tokenizer, **config)
+
+
+def _center_labels(model: Any, tok: Tokenizer) -> None:
+    """Set a token classifier's bias to minus each label's mean logit over the corpus's tokens.
+
+    Random encoders give every token much the same hidden state, so one label would win on
+    almost every token (all "O": no entity to group); centred, each label wins somewhere."""
+    import torch
+
+    rows = [e.ids[:MAX_LENGTH] for e in tok.encode_batch(corpus()[:64])]
+    width, pad = max(map(len, rows)), model.config.pad_token_id
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[mask.bool()]
+        model.classifier.bias -= logits.mean(dim=0)
+
+
+def _save(
+    arch: str,
+    folder: Path,
+    auto: str,
+    seed: int,
+    tokenizer: tuple[Tokenizer, dict[str, str]] | None,
+    **config: Any,
+) -> Path:
+    """save_pretrained of a tiny random `arch` model (transformers' `auto` class) and tokenizer."""
     import torch
     import transformers as tf
 
@@ -242,9 +300,11 @@ def build(
     # initializer_range well above the default 0.02: logits of a few units, not of 1e-3, so a
     # 1e-4 parity bound means something on random weights
     config.setdefault("initializer_range", 0.3)
-    cfg = _config(arch, tok, names, num_labels=num_labels, **config)
+    cfg = _config(arch, tok, names, **config)
     torch.manual_seed(seed)
-    model = tf.AutoModelForSequenceClassification.from_config(cfg).eval()
+    model = getattr(tf, auto).from_config(cfg).eval()
+    if auto == "AutoModelForTokenClassification":
+        _center_labels(model, tok)
     model.save_pretrained(folder)
     input_names = ["input_ids", "attention_mask"]
     if getattr(cfg, "type_vocab_size", 0) > 1:

@@ -48,7 +48,12 @@ DEFAULT_THRESHOLD = 0.5  # a sigmoid label passes at this score unless manifest/
 # the id of the tokenizer's "[UNK]", format 1's rule. Never written: to_json leaves it out.
 UNK_BY_NAME = -1
 # Fields format 2 added: a format 1 manifest that has one is refused (it would be misread).
-V2_FIELDS = ("source", "inputs", "activation", "threshold", "unk_token_id", "truncation_side")
+V2_FIELDS = (
+    "source", "inputs", "activation", "threshold", "unk_token_id", "truncation_side", "task",
+    "tagging",
+)  # fmt: skip
+SEQUENCE_CLASSIFICATION = "sequence-classification"  # one row of logits per text
+TOKEN_CLASSIFICATION = "token-classification"  # one row per token: entities (service/tagging)
 
 # Versions go out as int64 (protobuf, Prometheus labels): a bigger one made every RPC fail.
 MAX_VERSION = 2**63 - 1
@@ -214,6 +219,14 @@ class Manifest:
     # What a text with zero ids becomes; None: such a text is refused; UNK_BY_NAME: "[UNK]"'s id
     unk_token_id: int | None = UNK_BY_NAME
     truncation_side: str = "right"  # which end of an over-long text is cut: right | left
+    task: str = SEQUENCE_CLASSIFICATION  # or TOKEN_CLASSIFICATION
+    # a token classifier's defaults: scheme, aggregation, ignore_labels, stride (schema)
+    tagging: dict[str, Any] | None = None
+
+    @property
+    def tags_tokens(self) -> bool:
+        """A token classifier: entities per text, not scores per text."""
+        return self.task == TOKEN_CLASSIFICATION
 
     @property
     def decision_threshold(self) -> float:
@@ -230,6 +243,8 @@ class Manifest:
         data = asdict(self)
         if self.unk_token_id == UNK_BY_NAME:
             del data["unk_token_id"]
+        if self.task == SEQUENCE_CLASSIFICATION and self.tagging is None:
+            del data["task"], data["tagging"]  # a classifier's manifest as before tagging came
         if self.format_version == 1:
             for name in V2_FIELDS:
                 data.pop(name, None)
@@ -516,7 +531,20 @@ def _check_format(data: dict[str, Any], source: str) -> None:
 
 
 def _check_meaning(data: dict[str, Any], source: str) -> None:
-    """What the schema does not say: a regression model (activation none) has one output."""
+    """What the schema does not say: a regression model (activation none) has one output; a
+    token classifier has its tagging defaults and a softmax over its labels, and only it has
+    tagging defaults."""
+    tags = data.get("task") == TOKEN_CLASSIFICATION
+    if tags and (data.get("tagging") is None or data.get("activation") != "softmax"):
+        raise ManifestError(
+            f"{source}: task {TOKEN_CLASSIFICATION!r} needs its 'tagging' defaults and "
+            "activation 'softmax' (one probability per label and token)"
+        )
+    if not tags and data.get("tagging") is not None:
+        raise ManifestError(
+            f"{source}: 'tagging' is a token classifier's; this manifest's task is "
+            f"{data.get('task', SEQUENCE_CLASSIFICATION)!r}"
+        )
     if data.get("activation") == "none" and len(data["labels"]) != 1:
         raise ManifestError(
             f"{source}: activation 'none' (regression, one raw score) takes exactly one label, "

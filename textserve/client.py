@@ -148,6 +148,55 @@ def _rerank_request(
     return request
 
 
+def _tag_request(
+    texts: Sequence[str],
+    model: str | None,
+    version: int | None,
+    aggregation: str,
+    ignore_labels: Sequence[str] | None,
+    threshold: float,
+    windows: bool | None,
+    stride: int | None,
+    truncate: bool | None,
+    request_id: str,
+) -> pb.TagRequest:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of strings, not a string")
+    request = pb.TagRequest(
+        id=request_id,
+        texts=list(texts),
+        model=model or "",
+        version=version or 0,
+        aggregation=aggregation,
+        threshold=threshold,
+    )
+    if ignore_labels is not None:
+        request.ignore_labels.labels.extend(ignore_labels)
+    for name, value in (("windows", windows), ("stride", stride), ("truncate", truncate)):
+        if value is not None:
+            setattr(request, name, value)
+    return request
+
+
+def redact(text: str, entities: Sequence[Any], mask: str = "[{label}]") -> str:
+    """`text` with each entity's span (start, end: a TagResponse's, or Entity's) replaced by
+    `mask` formatted with its label; overlapping spans masked once.
+
+    >>> from textserve.v1 import classifier_pb2 as pb
+    >>> redact("Call Ada on Monday", [pb.Entity(label="PER", start=5, end=8)])
+    'Call [PER] on Monday'
+    """
+    out, at = [], 0
+    for entity in sorted(entities, key=lambda e: (e.start, -e.end)):
+        if entity.end <= at:
+            continue
+        out.append(text[at : max(entity.start, at)])
+        out.append(mask.format(label=entity.label))
+        at = entity.end
+    out.append(text[at:])
+    return "".join(out)
+
+
 def _zero_shot_request(
     texts: Sequence[str],
     candidate_labels: Sequence[str],
@@ -397,6 +446,30 @@ class Client(BlockingClient):
         )  # fmt: skip
         return self._call(self._next().ZeroShot, request, timeout)
 
+    def tag(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        aggregation: str = "",
+        ignore_labels: Sequence[str] | None = None,
+        threshold: float = 0.0,
+        windows: bool | None = None,
+        stride: int | None = None,
+        truncate: bool | None = None,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> pb.TagResponse:
+        """A token classifier's entities per text (results[i].entities: label, score, word,
+        start, end); `aggregation` as transformers' pipeline's aggregation_strategy ("" : the
+        model's default). `redact(text, result.entities)` masks them."""
+        request = _tag_request(
+            texts, model, version, aggregation, ignore_labels, threshold, windows, stride,
+            truncate, request_id,
+        )  # fmt: skip
+        return self._call(self._next().Tag, request, timeout)
+
     def list_models(self) -> pb.ListModelsResponse:
         return self._call(self.stub.ListModels, pb.ListModelsRequest())
 
@@ -481,6 +554,33 @@ class AsyncClient:
         )  # fmt: skip
         try:
             return await self._next().Rerank(
+                request, timeout=timeout or self.timeout, metadata=_traced(self._metadata)
+            )
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+
+    async def tag(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        aggregation: str = "",
+        ignore_labels: Sequence[str] | None = None,
+        threshold: float = 0.0,
+        windows: bool | None = None,
+        stride: int | None = None,
+        truncate: bool | None = None,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> pb.TagResponse:
+        """As Client.tag."""
+        request = _tag_request(
+            texts, model, version, aggregation, ignore_labels, threshold, windows, stride,
+            truncate, request_id,
+        )  # fmt: skip
+        try:
+            return await self._next().Tag(
                 request, timeout=timeout or self.timeout, metadata=_traced(self._metadata)
             )
         except grpc.RpcError as exc:

@@ -149,7 +149,7 @@ def channel_credentials(
 # at once), gets no new calls. Not for one address (there is no other replica to pick, and
 # the server's own answer — e.g. "no model is served" — says more than "backend unhealthy"),
 # nor for the health probe and the admin client, which must reach a NOT_SERVING server.
-RETRIED_METHODS = ("Classify", "Rerank", "ZeroShot", "ListModels", "GetModel")
+RETRIED_METHODS = ("Classify", "Rerank", "ZeroShot", "Tag", "ListModels", "GetModel")
 SERVICE_CONFIG: dict[str, Any] = {
     "loadBalancingConfig": [{"round_robin": {}}],
     "methodConfig": [

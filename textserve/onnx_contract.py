@@ -115,10 +115,12 @@ def check_graph(
     *,
     num_labels: int | None = None,
     strict: bool = False,
+    per_token: bool = False,
 ) -> None:
     """GraphContractError unless `graph` (an InferenceSession or an onnx ModelProto) takes
     exactly `inputs` (the manifest's list; input_ids and attention_mask, and token_type_ids
-    where listed) as int64 (batch, sequence), and gives `logits` (batch, num_labels).
+    where listed) as int64 (batch, sequence), and gives `logits` (batch, num_labels), or with
+    `per_token` (a token classifier's) (batch, sequence, num_labels).
 
     Lenient by default, as the server is with what it can run: logits float32 or float16 (it
     widens them), other outputs ignored. `strict` (the export's check before it publishes): the
@@ -142,15 +144,16 @@ def check_graph(
         _wrong(
             logits,
             ("tensor(float)",) if strict else LOGITS_TYPES,
-            ("batch", num_labels),
+            ("batch", "sequence", num_labels) if per_token else ("batch", num_labels),
             strict,
         )
     )
     problems = [problem for problem in wrong if problem]
     if problems:
+        shape = "(batch, sequence, labels)" if per_token else "(batch, labels)"
         raise GraphContractError(
             f"{'; '.join(problems)}; the contract is int64 (batch, sequence) inputs and a "
-            "float32 (batch, labels) output"
+            f"float32 {shape} output"
         )
 
 

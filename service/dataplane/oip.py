@@ -14,15 +14,23 @@ self-description built by oip_describe.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from textserve.oip import grpc_service_pb2 as pb
-from textserve.service.dataplane.observe import observed
-from textserve.service.dataplane.oip_codec import INPUT_NAME, decode_request, encode_response
+from textserve.service.dataplane.observe import Seen, observed
+from textserve.service.dataplane.oip_codec import (
+    INPUT_NAME,
+    TOKEN_OUTPUT_NAMES,
+    decode_request,
+    encode_entities,
+    encode_response,
+)
 from textserve.service.dataplane.oip_describe import model_config, model_metadata, model_statistics
 from textserve.service.dataplane.prologue import resolve, truncation
+from textserve.service.dataplane.tag import TagCall, request_of
 from textserve.service.errors import ModelNotFoundError, NotReadyError, ValidationError
 
 if TYPE_CHECKING:
@@ -61,6 +69,8 @@ async def infer(
     ) as seen:
         handle = resolve(ctx.repository, model, version)
         seen.model = handle.name
+        if handle.tags_tokens:
+            return await _infer_entities(ctx, handle, parse(handle), seen, deadline)
         decoded = decode_request(parse(handle))
         seen.reached(handle.name, handle.version, decoded.texts)
         try:
@@ -81,6 +91,40 @@ async def infer(
             model_name=handle.name,
             model_version=str(handle.version),
         )
+
+
+async def _infer_entities(
+    ctx: ServingContext,
+    handle: ModelHandle,
+    request: pb.ModelInferRequest,
+    seen: Seen,
+    deadline: float | None,
+) -> pb.ModelInferResponse:
+    """ModelInfer on a token classifier: TEXT in, ENTITIES out (the model's tagging defaults;
+    the string parameter `aggregation` chooses another strategy)."""
+    decoded = decode_request(request, TOKEN_OUTPUT_NAMES)
+    seen.reached(handle.name, handle.version, decoded.texts)
+    parameter = request.parameters.get("aggregation")
+    aggregation = "" if parameter is None else parameter.string_param
+    call = TagCall(decoded.texts, aggregation=aggregation, truncate=decoded.truncate)
+    try:
+        result = await handle.tag(
+            decoded.texts,
+            request_of(handle, call),
+            truncate=truncation(decoded.truncate),
+            deadline=deadline,
+            trace=seen.trace,
+        )
+    except ValidationError as exc:
+        raise ValidationError(f"input tensor {INPUT_NAME!r}: {exc}") from None
+    seen.result = result  # type: ignore[assignment]
+    answers = [
+        json.dumps([entity.as_dict() for entity in entities], ensure_ascii=False)
+        for entities in result.entities
+    ]
+    return encode_entities(
+        decoded, answers, model_name=handle.name, model_version=str(handle.version)
+    )
 
 
 def ready_versions(ctx: ServingContext, name: str) -> list[int]:

@@ -43,6 +43,9 @@ INPUT_NAME = "TEXT"
 PAIR_INPUT_NAME = "TEXT_PAIR"  # optional: the second texts of sentence pairs, shaped as TEXT
 INPUT_NAMES = (INPUT_NAME, PAIR_INPUT_NAME)
 OUTPUT_NAMES: tuple[str, ...] = ("LABEL", "SCORE", "PROBABILITIES")
+# A token classifier's one output: per text, a JSON list of its entities as transformers'
+# pipeline gives them ({"entity_group", "score", "word", "start", "end"}).
+TOKEN_OUTPUT_NAMES: tuple[str, ...] = ("ENTITIES",)
 TRUNCATE_PARAMETER = "truncate"
 _LENGTH = struct.Struct("<I")
 
@@ -142,15 +145,16 @@ def _decode_utf8(items: Sequence[bytes], tensor: str) -> list[str]:
     return texts
 
 
-def _requested_outputs(request: pb.ModelInferRequest) -> tuple[str, ...]:
+def _requested_outputs(
+    request: pb.ModelInferRequest, known: tuple[str, ...] = OUTPUT_NAMES
+) -> tuple[str, ...]:
     names = [output.name for output in request.outputs]
     if not names:
-        return OUTPUT_NAMES
+        return known
     for name in names:
-        if name not in OUTPUT_NAMES:
+        if name not in known:
             raise ValidationError(
-                f"unknown output tensor {shown(name)}; the model's outputs are "
-                f"{', '.join(OUTPUT_NAMES)}"
+                f"unknown output tensor {shown(name)}; the model's outputs are {', '.join(known)}"
             )
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -171,9 +175,11 @@ def _truncate(request: pb.ModelInferRequest) -> bool | None:
     return parameter.bool_param
 
 
-def decode_request(request: pb.ModelInferRequest) -> DecodedRequest:
+def decode_request(
+    request: pb.ModelInferRequest, outputs: tuple[str, ...] = OUTPUT_NAMES
+) -> DecodedRequest:
     """Check a ModelInferRequest and take out its texts (and pairs) and options; ValidationError
-    if bad."""
+    if bad. `outputs`: the model's (OUTPUT_NAMES, or a token classifier's TOKEN_OUTPUT_NAMES)."""
     names = [tensor.name for tensor in request.inputs]
     unexpected = [name for name in names if name not in INPUT_NAMES]
     if unexpected:
@@ -210,7 +216,7 @@ def decode_request(request: pb.ModelInferRequest) -> DecodedRequest:
     return DecodedRequest(
         texts=texts,
         column=len(shape) == 2,
-        outputs=_requested_outputs(request),
+        outputs=_requested_outputs(request, outputs),
         raw=raw,
         truncate=_truncate(request),
         request_id=request.id,
@@ -291,4 +297,28 @@ def encode_response(
             response.raw_output_contents.append(pack_bytes(data))
         else:
             output.contents.bytes_contents.extend(data)
+    return response
+
+
+def encode_entities(
+    request: DecodedRequest,
+    entities: Sequence[str],
+    *,
+    model_name: str,
+    model_version: str,
+) -> pb.ModelInferResponse:
+    """A token classifier's ModelInferResponse: ENTITIES, BYTES shaped as TEXT was, each
+    element one text's entities as JSON (`entities`: those JSON strings)."""
+    n = len(request.texts)
+    response = pb.ModelInferResponse(
+        model_name=model_name, model_version=model_version, id=request.request_id
+    )
+    output = response.outputs.add(
+        name="ENTITIES", datatype="BYTES", shape=[n, 1] if request.column else [n]
+    )
+    data = [one.encode("utf-8") for one in entities]
+    if request.raw:
+        response.raw_output_contents.append(pack_bytes(data))
+    else:
+        output.contents.bytes_contents.extend(data)
     return response

@@ -52,9 +52,15 @@ def _tensors(
     return inputs, outputs
 
 
+def _outputs(handle: ModelLike) -> list[tuple[str, str, int]] | None:
+    """A token classifier's outputs (ENTITIES: a JSON document per text), else None."""
+    return [("ENTITIES", "BYTES", 1)] if getattr(handle, "tags_tokens", False) else None
+
+
 def model_metadata(handle: ModelLike, versions: Iterable[int]) -> pb.ModelMetadataResponse:
     """The OIP metadata of ``handle``'s model; ``versions`` are the ones it can serve."""
     inputs, outputs = _tensors(len(handle.labels), _takes_pairs(handle))
+    outputs = _outputs(handle) or outputs
 
     def describe(tensors: list[tuple[str, str, int]]) -> list[Any]:
         return [
@@ -89,6 +95,7 @@ def model_config(
     longest a text waits for a batch to fill (seconds).
     """
     inputs, outputs = _tensors(len(handle.labels), _takes_pairs(handle))
+    outputs = _outputs(handle) or outputs
     config = mc.ModelConfig(
         name=handle.name,
         platform=PLATFORM,

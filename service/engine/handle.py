@@ -29,7 +29,9 @@ from textserve.service.engine.inference import (
     ModelCheckError as ModelCheckError,  # re-exported: the repository's loader catches it
 )
 from textserve.service.engine.inference import TextItem, TextRunner
+from textserve.service.engine.token_runner import TagRequest, TokenRunner
 from textserve.service.errors import LimitExceededError, ValidationError
+from textserve.tagging import STRATEGIES, Entity, TagOptions
 from textserve.tokenization import Tokenization
 
 if TYPE_CHECKING:
@@ -75,6 +77,34 @@ class ClassifyResult:
         return 0 if self.cached is None else int(self.cached.sum())
 
 
+@dataclass(frozen=True)
+class TagResult:
+    """A token classifier's answer: each text's entities (textserve.tagging.Entity)."""
+
+    entities: list[list[Entity]]
+    num_tokens: np.ndarray  # int64 (n,), tokens the model saw per text (all its windows)
+    truncated: np.ndarray  # bool (n,): cut (windows off and the text over max_length)
+    windows: np.ndarray  # int64 (n,): windows per text (1: it fit)
+    timings: Timings
+    cached: np.ndarray | None = None  # never cached
+
+    cached_count = 0
+
+
+def tag_defaults(manifest: Manifest) -> TagRequest:
+    """A token classifier's request defaults, from its manifest's `tagging`."""
+    tagging = manifest.tagging or {}
+    aggregation = tagging.get("aggregation", "simple")
+    return TagRequest(
+        TagOptions(
+            aggregation if aggregation in STRATEGIES else "simple",
+            frozenset(tagging.get("ignore_labels", ["O"])),
+            0.0,
+        ),
+        tagging.get("stride"),
+    )
+
+
 class ModelHandle:
     """One servable model version. Create through ModelRepository; use on its event loop."""
 
@@ -110,16 +140,31 @@ class ModelHandle:
         observer = None if metrics is None else metrics.for_model(self.name)
         # The batch function. THE tokenization (textserve.tokenization), as the manifest says:
         # a format 1 version whose tokenizer has no [UNK] is refused here.
-        self.runner = TextRunner(
-            session,
-            Tokenization.for_manifest(tokenizer, manifest),
-            labels=self.labels,
-            max_batch_tokens=batcher_config.max_batch_tokens,
-            activation=manifest.activation,
-            name=self.name,
-            version=self.version,
-            observer=observer,
-        )
+        tokenization = Tokenization.for_manifest(tokenizer, manifest)
+        self.runner: TextRunner
+        if manifest.tags_tokens:  # a token classifier: entities per text (token_runner.py)
+            self.runner = TokenRunner(
+                session,
+                tokenization,
+                labels=self.labels,
+                max_batch_tokens=batcher_config.max_batch_tokens,
+                defaults=tag_defaults(manifest),
+                max_windows=max_texts_per_request,
+                name=self.name,
+                version=self.version,
+                observer=observer,
+            )
+        else:
+            self.runner = TextRunner(
+                session,
+                tokenization,
+                labels=self.labels,
+                max_batch_tokens=batcher_config.max_batch_tokens,
+                activation=manifest.activation,
+                name=self.name,
+                version=self.version,
+                observer=observer,
+            )
         # Requests that picked this handle and have not finished (tokenizing, queued or running):
         # a retired version is released only once this reaches zero (see drain()).
         self._active = 0
@@ -137,6 +182,8 @@ class ModelHandle:
                 "textserve.provider": self.provider,
             },
         )
+        if metrics is not None and isinstance(self.runner, TokenRunner):
+            self.runner.entity_observer = metrics.for_entities(self.name, self.version, self.labels)
         # The model's response cache as this version sees it (use_cache; None: no cache).
         self.cache: VersionCache | None = None
         # Every answer counted by its winning label (drift monitoring): the rows a batch
@@ -158,7 +205,10 @@ class ModelHandle:
         self.runner.warmup(self.batcher.config.max_batch_size)
 
     def use_cache(self, cache: VersionCache | None) -> None:
-        """Answer repeated texts from `cache` (before it serves: the repository calls this)."""
+        """Answer repeated texts from `cache` (before it serves: the repository calls this).
+        A token classifier keeps no cache (its answers are entities, not a row of scores)."""
+        if self.tags_tokens:
+            return
         self.cache = self.runner.cache = cache
 
     def use_engine(self, engine: EngineProcess) -> None:
@@ -319,6 +369,48 @@ class ModelHandle:
             self._finish_one()
             raise
 
+    @property
+    def tags_tokens(self) -> bool:
+        """A token classifier (tag(), not classify())."""
+        return isinstance(self.runner, TokenRunner)
+
+    async def tag(
+        self,
+        texts: Sequence[str],
+        request: TagRequest,
+        *,
+        truncate: bool = True,
+        deadline: float | None = None,
+        trace: BatchTrace | None = None,
+    ) -> TagResult:
+        """Each text's entities (a token classifier's). Raises what classify() raises."""
+        started = time.perf_counter()
+        self._active += 1  # in the same loop step as repository.get(): see classify()
+        try:
+            self._validate(texts)
+            payloads = [
+                TextItem(text, truncate, index, texts, None, request)
+                for index, text in enumerate(texts)
+            ]
+            lengths = self.runner.estimate_lengths(texts)
+            batch = await self.batcher.submit(payloads, lengths, deadline=deadline, trace=trace)
+        finally:
+            self._finish_one()
+        rows = batch.outputs
+        tokenize = float(rows["tokenize_seconds"].max())
+        return TagResult(
+            entities=rows["entities"].tolist(),
+            num_tokens=rows["num_tokens"].astype(np.int64),
+            truncated=rows["full_tokens"] > rows["num_tokens"],
+            windows=rows["windows"].astype(np.int64),
+            timings=Timings(
+                batch.queue_seconds,
+                tokenize,
+                max(0.0, batch.inference_seconds - tokenize),
+                time.perf_counter() - started,
+            ),
+        )
+
     def _finish_one(self) -> None:
         self._active -= 1
         if not self._active and self._inactive is not None:
@@ -329,6 +421,11 @@ class ModelHandle:
     ) -> tuple[list[TextItem], list[int], list[int]]:
         """Validate a request's texts (and pairs): the batcher's payloads and estimated
         lengths, and the positions of the texts cut by characters (see MAX_CHARS_PER_TOKEN)."""
+        if self.tags_tokens:
+            raise ValidationError(
+                f"model {self.name!r} is a token classifier (entities per text): send it to Tag "
+                "(POST /v1/tag); Classify is for sequence classifiers"
+            )
         self._validate(texts)
         if pairs is not None:
             self._validate_pairs(texts, pairs)

@@ -96,6 +96,7 @@ class TextItem(NamedTuple):
     position: int  # in its request, for error messages
     request: object  # the same object for every text of a request
     pair: str | None = None  # the second text of a sentence pair
+    options: object = None  # a token classifier's request options (engine/token_runner.py)
 
 
 class TokenizeObserver(Protocol):
@@ -429,9 +430,13 @@ class TextRunner:
         run_started = time.perf_counter()
         width = lengths[end - 1]
         try:
-            logits[start:end] = self.session.run(
+            result = self.session.run(
                 *(np.ascontiguousarray(array[start:end, :width]) for array in inputs)
             )
+            if logits.ndim == 3:  # a token classifier's (rows, tokens, labels), padded wider
+                logits[start:end, :width] = result
+            else:
+                logits[start:end] = result
         except Exception as exc:
             if end - start == 1:
                 failed[start] = exc

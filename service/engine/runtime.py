@@ -112,11 +112,14 @@ def check_granted(device: str, requested: Sequence[str], granted: Sequence[str])
     return granted[0] if granted else CPU
 
 
-def check_contract(model_path: Path, session: Any, inputs: Sequence[str] = INPUT_NAMES) -> None:
+def check_contract(
+    model_path: Path, session: Any, inputs: Sequence[str] = INPUT_NAMES, per_token: bool = False
+) -> None:
     """ContractError unless the session's graph takes `inputs` as int64 (B, T) and gives logits
-    as float32/float16 (B, num_labels) (textserve.onnx_contract.check_graph)."""
+    as float32/float16 (B, num_labels), or a token classifier's (B, T, num_labels)
+    (textserve.onnx_contract.check_graph)."""
     try:
-        check_graph(session, inputs)
+        check_graph(session, inputs, per_token=per_token)
     except GraphContractError as exc:
         message = str(exc)
         # "<file> has inputs [...] and outputs [...]" or "<file>: input_ids is tensor(int32)..."
@@ -135,10 +138,12 @@ class Session:
         *,
         source: Path | None = None,
         inputs: Sequence[str] = INPUT_NAMES,
+        per_token: bool = False,
     ) -> None:
         """`model`: model.onnx's path, or its bytes (the repository passes the bytes it
         verified, so no other file can be loaded in their place); `source` names them in
-        messages; `inputs`: the graph's inputs as the manifest lists them."""
+        messages; `inputs`: the graph's inputs as the manifest lists them; `per_token`: a
+        token classifier's graph (logits per token)."""
         model_path = source or (Path("<model.onnx bytes>") if isinstance(model, bytes) else model)
         ort = _onnxruntime(preload_cuda=config.device != "cpu")
         requested = select_providers(config.device, ort.get_available_providers())
@@ -156,7 +161,7 @@ class Session:
             raise RuntimeLoadError(f"onnxruntime cannot load {model_path}: {exc}") from exc
         self.provider = check_granted(config.device, requested, self._session.get_providers())
         self.providers = list(self._session.get_providers())
-        check_contract(model_path, self._session, inputs)
+        check_contract(model_path, self._session, inputs, per_token)
         self._outputs = [OUTPUT_NAME]
         self.takes_token_type_ids = TOKEN_TYPE_IDS in inputs
         self._ort = ort

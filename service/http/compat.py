@@ -7,6 +7,8 @@ textserve model without an adapter.
     POST /v1/rerank     Cohere (v1) and Jina: a query and documents -> results, top_n
     POST /v2/rerank     Cohere (v2): the same
     POST /classify      vLLM / OpenAI style: `input` -> `data` with each label's probability
+    POST /v1/zero-shot  textserve.v1 ZeroShot, or the Hugging Face Inference API's shape
+    POST /v1/tag        textserve.v1 Tag (entities), or the Hugging Face Inference API's shape
 
 Each decodes its request into the data plane's call (ClassifyCall, RerankCall), so a text
 scores, batches, caches and counts exactly as it does on /v1/classify and over gRPC, and
@@ -25,6 +27,7 @@ import numpy as np
 from textserve.service.dataplane.classify import Classification, ClassifyCall
 from textserve.service.dataplane.classify import classify as classify_op
 from textserve.service.dataplane.rerank import Ranking, RerankCall, rerank
+from textserve.service.dataplane.tag import TagCall, Tagged, pipeline_json, tag, v1_tag_response
 from textserve.service.dataplane.zeroshot import (
     DEFAULT_TEMPLATE,
     ZeroShot,
@@ -49,6 +52,7 @@ from textserve.service.http.messages import (
 CLASSIFY = "HttpClassify"  # the `method` label of the metrics
 RERANK = "HttpRerank"
 ZERO_SHOT = "HttpZeroShot"
+TAG = "HttpTag"
 
 
 def _json(document: Any) -> Response:
@@ -331,19 +335,22 @@ def _candidates(value: Any) -> list[str]:
     return _texts(value, "candidate_labels")
 
 
+def _inputs(document: dict[str, Any]) -> tuple[list[str], dict[str, Any], bool]:
+    """A body's texts and options: textserve's ({"texts", ...options}) or the Hugging Face
+    Inference API's ({"inputs": a text or a list, "parameters": {...options}}, True)."""
+    if "texts" in document or "inputs" not in document:
+        return _texts(document.get("texts"), "texts"), document, False
+    inputs = document["inputs"]
+    texts = [_text(inputs, "`inputs`")] if isinstance(inputs, str) else _texts(inputs, "inputs")
+    return texts, {**document, **typed(document, "parameters", dict, {})}, True
+
+
 async def zero_shot_route(app: AppView, request: Request) -> Response:
     """POST /v1/zero-shot: {"texts", "candidate_labels", ...} answers ZeroShotResponse's JSON;
     {"inputs", "parameters": {"candidate_labels", ...}} answers as the Hugging Face Inference
     API does: [{"label", "score"}, ...] best first (a list of them per text for a list)."""
     document = parse_json_object(request.body)
-    hugging_face = "texts" not in document and "inputs" in document
-    options = document
-    if hugging_face:
-        inputs = document["inputs"]
-        texts = [_text(inputs, "`inputs`")] if isinstance(inputs, str) else _texts(inputs, "inputs")
-        options = {**document, **typed(document, "parameters", dict, {})}
-    else:
-        texts = _texts(document.get("texts"), "texts")
+    texts, options, hugging_face = _inputs(document)
     call = ZeroShotCall(
         texts,
         _candidates(options.get("candidate_labels")),
@@ -372,6 +379,49 @@ async def zero_shot_route(app: AppView, request: Request) -> Response:
     )
 
 
+# -- token classification (textserve.v1 Tag in JSON, and the Hugging Face Inference API's shape) -
+
+
+def _threshold(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if type(value) not in (int, float):
+        raise ValidationError(f"`threshold` must be a number, got {type(value).__name__}")
+    return float(value)
+
+
+async def tag_route(app: AppView, request: Request) -> Response:
+    """POST /v1/tag: {"texts", "aggregation", ...} answers TagResponse's JSON; {"inputs",
+    "parameters": {"aggregation_strategy", "ignore_labels", "stride"}} answers as the Hugging
+    Face Inference API (and transformers' pipeline) does: [{"entity_group", "score", "word",
+    "start", "end"}, ...] (a list of them per text for a list of inputs)."""
+    document = parse_json_object(request.body)
+    texts, options, hugging_face = _inputs(document)
+    if hugging_face and "aggregation_strategy" in options:
+        options["aggregation"] = options["aggregation_strategy"]
+    ignore = options.get("ignore_labels")
+    call = TagCall(
+        texts,
+        model=_model(options),
+        version=typed(options, "version", int, 0),
+        aggregation=_text(typed(options, "aggregation", str, ""), "`aggregation`").lower(),
+        ignore_labels=None if ignore is None else _texts(ignore, "ignore_labels"),
+        threshold=_threshold(options.get("threshold")),
+        windows=typed(options, "windows", bool, None),
+        stride=typed(options, "stride", int, None),
+        truncate=typed(options, "truncate", bool, None),
+        id=_text(typed(options, "id", str, ""), "`id`"),
+    )
+
+    def encode(answer: Tagged) -> Response:
+        if not hugging_face:
+            return _json(to_json(v1_tag_response(answer)))
+        out = pipeline_json(answer)
+        return _json(out[0] if isinstance(document["inputs"], str) else out)
+
+    return await tag(app.ctx, call, encode, method=TAG, deadline=request.deadline, context=request)
+
+
 ROUTES: dict[str, dict[str, Route]] = {
     "/predict": {"POST": Route(tei_predict, body=True, inference=True, errors=tei_error)},
     "/rerank": {"POST": Route(tei_rerank, body=True, inference=True, errors=tei_error)},
@@ -379,4 +429,5 @@ ROUTES: dict[str, dict[str, Route]] = {
     "/v2/rerank": {"POST": Route(cohere_rerank, body=True, inference=True, errors=cohere_error)},
     "/classify": {"POST": Route(vllm_classify, body=True, inference=True, errors=openai_error)},
     "/v1/zero-shot": {"POST": Route(zero_shot_route, body=True, inference=True)},
+    "/v1/tag": {"POST": Route(tag_route, body=True, inference=True)},
 }

@@ -61,6 +61,8 @@ _SUMMARIES = {
     "/v2/rerank": "Cohere (v2) rerank: query, documents, top_n",
     "/classify": "vLLM classify: input -> each label's probability (OpenAI-style list)",
     "/v1/zero-shot": "zero-shot: texts scored against candidate_labels by an NLI model",
+    "/v1/tag": "token classification: each text's entities (textserve.v1 Tag in JSON, or the "
+    "Hugging Face Inference API's token-classification shape)",
 }
 _STRINGS = {"type": "array", "items": {"type": "string"}}
 _BODIES: dict[str, dict[str, Any]] = {
@@ -130,6 +132,23 @@ _BODIES["/v1/zero-shot"] = {
         "model": {"type": "string"},
         "version": {"type": "integer", "minimum": 0},
         "truncate": {"type": "boolean"},
+    },
+}
+_BODIES["/v1/tag"] = {
+    "type": "object",
+    "properties": {
+        "texts": _STRINGS,
+        "inputs": {"description": "Hugging Face style, with `parameters`: a text or a list"},
+        "parameters": {"type": "object"},
+        "aggregation": {"type": "string", "enum": ["none", "simple", "first", "average", "max"]},
+        "ignore_labels": _STRINGS,
+        "threshold": {"type": "number", "minimum": 0, "maximum": 1},
+        "windows": {"type": "boolean"},
+        "stride": {"type": "integer", "minimum": 0},
+        "model": {"type": "string"},
+        "version": {"type": "integer", "minimum": 0},
+        "truncate": {"type": "boolean"},
+        "id": {"type": "string"},
     },
 }
 _BODIES["/v1/classify"] = _CLASSIFY_BODY

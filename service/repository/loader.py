@@ -13,6 +13,7 @@ Blocking: the repository runs it on an executor thread while the serving version
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +37,8 @@ from textserve.tokenization import TokenizationError
 if TYPE_CHECKING:
     from textserve.service.engine.handle import ModelHandle
     from textserve.service.metrics import Metrics
+
+logger = logging.getLogger(__name__)
 
 
 class LoadError(Exception):
@@ -125,6 +128,7 @@ def load_version_dir(
                 config.runtime,
                 source=path / MODEL_FILE,
                 inputs=manifest.inputs,
+                per_token=manifest.tags_tokens,
             )
             if config.runtime.engine == "process":
                 model_bytes = Path(model.path).read_bytes()
@@ -162,7 +166,12 @@ def load_version_dir(
         except Exception as exc:
             session.close()
             raise LoadError(f"{path}: warm-up failed: {exc}", "warmup_error") from None
-    if model_bytes is not None:
+    if model_bytes is not None and handle.tags_tokens:
+        logger.info(
+            "%s: a token classifier runs in the worker (--engine process: not for entities)",
+            path,
+        )
+    elif model_bytes is not None:
         _use_engine_process(handle, model_bytes, files[TOKENIZER_FILE], config)
     return handle
 

@@ -17,11 +17,12 @@ import grpc
 from textserve.service.dataplane.classify import ClassifyCall, classify, v1_response
 from textserve.service.dataplane.prologue import resolve
 from textserve.service.dataplane.rerank import RerankCall, rerank, v1_rerank_response
+from textserve.service.dataplane.tag import TagCall, tag, v1_tag_response
 from textserve.service.dataplane.zeroshot import ZeroShotCall, v1_zero_shot_response, zero_shot
 from textserve.service.engine.window_options import Windows, checked
 from textserve.service.servicers.convert import model_summary, version_statuses
 from textserve.service.servicers.status import deadline_of, grpc_errors
-from textserve.service.servicers.stream import ClassifyStreamCall
+from textserve.service.servicers.stream import ClassifyStreamCall, TagStreamCall
 from textserve.v1 import classifier_pb2 as pb
 from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
@@ -86,6 +87,22 @@ def zero_shot_call_of(request: pb.ZeroShotRequest) -> ZeroShotCall:
     )
 
 
+def tag_call_of(request: pb.TagRequest) -> TagCall:
+    """The data plane's call of a textserve.v1 TagRequest (unary, or one of a stream's)."""
+    return TagCall(
+        request.texts,
+        request.model,
+        request.version,
+        request.aggregation,
+        list(request.ignore_labels.labels) if request.HasField("ignore_labels") else None,
+        request.threshold,
+        request.windows if request.HasField("windows") else None,
+        request.stride if request.HasField("stride") else None,
+        request.truncate if request.HasField("truncate") else None,
+        request.id,
+    )
+
+
 def model_contract(handle: ModelHandle) -> dict[str, Any]:
     """ModelInfo's fields from the manifest's contract: source, activation, inputs, threshold."""
     manifest = handle.manifest
@@ -97,7 +114,20 @@ def model_contract(handle: ModelHandle) -> dict[str, Any]:
         "inputs": manifest.inputs,
         "threshold": manifest.decision_threshold if manifest.activation == "sigmoid" else 0.0,
         "truncation_side": manifest.truncation_side,
+        "task": manifest.task,
+        **_tagging(manifest.tagging),
     }
+
+
+def _tagging(tagging: dict[str, Any] | None) -> dict[str, Any]:
+    if tagging is None:
+        return {}
+    fields = {
+        "label_scheme": tagging["scheme"],
+        "aggregation": tagging["aggregation"],
+        "ignore_labels": tagging["ignore_labels"],
+    }
+    return fields if tagging["stride"] is None else {**fields, "stride": tagging["stride"]}
 
 
 class ClassifierServicer(pb_grpc.ClassifierServicer):
@@ -139,6 +169,22 @@ class ClassifierServicer(pb_grpc.ClassifierServicer):
             deadline=deadline_of(context),
             context=context,
         )
+
+    @grpc_errors
+    async def Tag(self, request: pb.TagRequest, context: Any) -> pb.TagResponse:
+        return await tag(
+            self._ctx,
+            tag_call_of(request),
+            v1_tag_response,
+            method="Tag",
+            deadline=deadline_of(context),
+            context=context,
+        )
+
+    @grpc_errors
+    async def TagStream(self, request_iterator: AsyncIterator[pb.TagRequest], context: Any) -> None:
+        """Answer each request of the stream as it completes (servicers/stream.py)."""
+        await TagStreamCall(self._ctx, tag_call_of, request_iterator, context).run()
 
     @grpc_errors
     async def ClassifyStream(

@@ -35,6 +35,8 @@ from textserve.service.dataplane.classify import (
 )
 from textserve.service.dataplane.codes import log_unexpected, public_message
 from textserve.service.dataplane.observe import Observation
+from textserve.service.dataplane.prologue import resolve, truncation
+from textserve.service.dataplane.tag import TagCall, Tagged, request_of, v1_tag_response
 from textserve.service.errors import ValidationError
 from textserve.service.servicers.status import deadline_of, grpc_code
 from textserve.v1 import classifier_pb2 as pb
@@ -48,7 +50,7 @@ logger = logging.getLogger(__name__)
 METHOD = "ClassifyStream"  # the `method` label of the metrics
 
 # decode(request) -> the data plane's call (classifier.call_of)
-Decode = Callable[[pb.ClassifyRequest], ClassifyCall]
+Decode = Callable[[Any], ClassifyCall | TagCall]
 
 
 class _Message:
@@ -70,11 +72,14 @@ class ClassifyStreamCall:
     """The state of one ClassifyStream call: its permits, the answers waiting to be written and
     the requests still in the batcher."""
 
+    method = METHOD
+    response_type: Any = pb.ClassifyResponse
+
     def __init__(
         self,
         ctx: ServingContext,
         decode: Decode,
-        requests: AsyncIterator[pb.ClassifyRequest],
+        requests: AsyncIterator[Any],
         context: Any,
     ) -> None:
         self._ctx = ctx
@@ -85,8 +90,8 @@ class ClassifyStreamCall:
         self._deadline = deadline_of(context)
         self._permits = asyncio.Semaphore(max_inflight)
         # At most one response per permit, plus the end marker: put_nowait never finds it full.
-        self._responses: asyncio.Queue[pb.ClassifyResponse | None] = asyncio.Queue(max_inflight + 1)
-        self._pending: set[asyncio.Future[None]] = set()  # requests in the batcher
+        self._responses: asyncio.Queue[Any] = asyncio.Queue(max_inflight + 1)
+        self._pending: set[asyncio.Future[Any]] = set()  # requests in the batcher
         self._reading = True
         self._ended = False  # the handler returned: late answers (cancelled ones) go nowhere
 
@@ -136,7 +141,7 @@ class ClassifyStreamCall:
         )
         seen = observation.seen
         try:
-            message = _Message(request, self._decode(request), observation)
+            message = _Message(request, self._decode(request), observation)  # type: ignore[arg-type]
             call = message.call
             if call.windows is not None:
                 raise ValidationError(
@@ -180,27 +185,23 @@ class ClassifyStreamCall:
         message.observation.finish(None)
         self._answered(response)
 
-    def _failed(
-        self, request: pb.ClassifyRequest, observation: Observation, exc: BaseException
-    ) -> None:
+    def _failed(self, request: Any, observation: Observation, exc: BaseException) -> None:
         observation.finish(exc)
         if not isinstance(exc, asyncio.CancelledError):  # the stream is ending
-            self._answered(_error_response(request, exc))
+            log_unexpected(exc, self.method)
+            self._answered(
+                self.response_type(
+                    id=request.id,
+                    error=pb.Status(code=grpc_code(exc).value[0], message=public_message(exc)),
+                )
+            )
 
-    def _answered(self, response: pb.ClassifyResponse) -> None:
+    def _answered(self, response: Any) -> None:
         if self._ended:
             return
         self._responses.put_nowait(response)
         if not self._reading and not self._pending:
             self._responses.put_nowait(None)  # the last answer of a finished request stream
-
-
-def _error_response(request: pb.ClassifyRequest, exc: BaseException) -> pb.ClassifyResponse:
-    """A stream's answer to a request that failed: its id and the status it would have had."""
-    log_unexpected(exc, METHOD)
-    return pb.ClassifyResponse(
-        id=request.id, error=pb.Status(code=grpc_code(exc).value[0], message=public_message(exc))
-    )
 
 
 async def _write(context: Any, response: pb.ClassifyResponse) -> None:
@@ -212,3 +213,60 @@ async def _write(context: Any, response: pb.ClassifyResponse) -> None:
         await context.write(response)
     except Exception as exc:
         raise asyncio.CancelledError(f"writing a response failed: {exc!r}") from exc
+
+
+class TagStreamCall(ClassifyStreamCall):
+    """textserve.v1 TagStream: ClassifyStream's permits, order and errors; each request a task
+    of the data plane's tag (a token classifier's answer is built on the inference thread)."""
+
+    method = "TagStream"
+    response_type = pb.TagResponse
+
+    def _start(self, request: Any) -> None:
+        ctx = self._ctx
+        observation = Observation(
+            ctx.metrics, self.method, self._deadline, context=self._context,
+            telemetry=ctx.telemetry,
+        )  # fmt: skip
+        seen = observation.seen
+        try:
+            call: TagCall = self._decode(request)  # type: ignore[assignment]
+            handle = resolve(ctx.repository, call.model, call.version)
+            seen.reached(handle.name, handle.version, call.texts)
+            options = request_of(handle, call)
+            running = handle.tag(
+                call.texts,
+                options,
+                truncate=truncation(call.truncate),
+                deadline=self._deadline,
+                trace=seen.trace,
+            )
+        except Exception as exc:
+            self._failed(request, observation, exc)
+            return
+        future = asyncio.ensure_future(running)
+        self._pending.add(future)
+        future.add_done_callback(
+            functools.partial(self._tagged, request, Tagged(call, handle, None), observation)  # type: ignore[arg-type]
+        )
+
+    def _tagged(
+        self, request: Any, answer: Tagged, observation: Observation, future: asyncio.Future[Any]
+    ) -> None:
+        self._pending.discard(future)
+        if future.cancelled():
+            self._failed(request, observation, asyncio.CancelledError())
+            return
+        exc = future.exception()
+        if exc is not None:
+            self._failed(request, observation, exc)
+            return
+        result = future.result()
+        try:
+            response = v1_tag_response(answer._replace(result=result))
+        except Exception as error:
+            self._failed(request, observation, error)
+            return
+        observation.seen.result = result
+        observation.finish(None)
+        self._answered(response)

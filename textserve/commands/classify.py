@@ -52,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
+        "--aggregation",
+        choices=("none", "simple", "first", "average", "max"),
+        help="token classifiers: how tokens become entities (default: the model's own)",
+    )
+    parser.add_argument(
         "--batch-size",
         type=int,
         help="texts per request (default: 256), with --stream per message (default: 1)",
@@ -213,6 +218,22 @@ def _unary(
     return predictions, model, version
 
 
+def _tagged(args: argparse.Namespace, requests: list[Sequence[str]]) -> bool:
+    """A token classifier's entities printed (commands/tagging.py); False for other models."""
+    from textserve.client import Client
+    from textserve.commands import tagging
+    from textserve.http_client import is_http
+
+    if is_http(args.server):
+        return False
+    with Client(args.server, timeout=args.timeout, **connect.client_options(args)) as client:
+        if not tagging.is_token_model(client, args):
+            return False
+        document = tagging.tag_all(client, args, requests)
+    tagging.print_entities(document, args.json)
+    return True
+
+
 def json_document(
     args: argparse.Namespace,
     texts: Sequence[str],
@@ -288,6 +309,8 @@ def run(args: argparse.Namespace) -> int:
                     predictions.extend(result.predictions)
                     if progress is not None:
                         progress.update(len(result.predictions))
+        elif pairs is None and _tagged(args, requests):
+            return 0
         else:
             second = None if pairs is None else list(chunks(pairs, batch_size))
             predictions, model, version = _unary(args, requests, second, connections)

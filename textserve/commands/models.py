@@ -1,4 +1,5 @@
-"""`textserve models`: list the model repository — names, versions, precision, accuracy, size.
+"""`textserve models`: list the model repository — names, versions, precision, accuracy, size,
+task (sequence or token classification).
 
 Listing (the default, or `textserve models list`) reads the manifests only: no server needed,
 and fast on a large repository (--verify also checks every file's checksum). A directory named as
@@ -58,6 +59,8 @@ class VersionInfo:
             "threshold": m.decision_threshold if m and m.activation == "sigmoid" else None,
             "inputs": m.inputs if m else None,
             "truncation_side": m.truncation_side if m else None,
+            "task": m.task if m else None,
+            "tagging": m.tagging if m else None,
             "status": self.status,
         }
 
@@ -98,8 +101,8 @@ def _describe(name: str, version: int, version_dir: Path, verify: bool) -> Versi
 
 def format_table(versions: list[VersionInfo]) -> str:
     header = (
-        "NAME", "VERSION", "PRECISION", "ACCURACY", "SIZE", "OPSET", "SOURCE", "ACTIVATION",
-        "INPUTS", "CREATED", "STATUS",
+        "NAME", "VERSION", "PRECISION", "ACCURACY", "SIZE", "OPSET", "SOURCE", "TASK",
+        "ACTIVATION", "INPUTS", "CREATED", "STATUS",
     )  # fmt: skip
     rows = [header]
     for v in versions:
@@ -113,6 +116,7 @@ def format_table(versions: list[VersionInfo]) -> str:
                 _human(v.size_bytes),
                 str(m.opset) if m else "-",
                 f"{m.source.kind}:{m.source.architecture}" if m else "-",
+                m.task.removesuffix("-classification") if m else "-",  # sequence | token
                 _activation(m) if m else "-",
                 ",".join(INPUT_ABBREVIATIONS.get(i, i) for i in m.inputs) if m else "-",
                 m.created_at if m else "-",

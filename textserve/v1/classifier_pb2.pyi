@@ -214,6 +214,80 @@ class ZeroShotResponse(_message.Message):
     timing: Timing
     def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ZeroShotResult, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
 
+class TagRequest(_message.Message):
+    __slots__ = ("id", "texts", "model", "version", "aggregation", "ignore_labels", "threshold", "windows", "stride", "truncate")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_LABELS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    model: str
+    version: int
+    aggregation: str
+    ignore_labels: IgnoreLabels
+    threshold: float
+    windows: bool
+    stride: int
+    truncate: bool
+    def __init__(self, id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., aggregation: _Optional[str] = ..., ignore_labels: _Optional[_Union[IgnoreLabels, _Mapping]] = ..., threshold: _Optional[float] = ..., windows: _Optional[bool] = ..., stride: _Optional[int] = ..., truncate: _Optional[bool] = ...) -> None: ...
+
+class IgnoreLabels(_message.Message):
+    __slots__ = ("labels",)
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, labels: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Entity(_message.Message):
+    __slots__ = ("label", "score", "word", "start", "end", "index")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    WORD_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    score: float
+    word: str
+    start: int
+    end: int
+    index: int
+    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ..., word: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class TaggedText(_message.Message):
+    __slots__ = ("entities", "num_tokens", "truncated", "windows")
+    ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    entities: _containers.RepeatedCompositeFieldContainer[Entity]
+    num_tokens: int
+    truncated: bool
+    windows: int
+    def __init__(self, entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., windows: _Optional[int] = ...) -> None: ...
+
+class TagResponse(_message.Message):
+    __slots__ = ("id", "model", "model_version", "results", "timing", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    model: str
+    model_version: int
+    results: _containers.RepeatedCompositeFieldContainer[TaggedText]
+    timing: Timing
+    error: Status
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., model_version: _Optional[int] = ..., results: _Optional[_Iterable[_Union[TaggedText, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., error: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
+
 class VersionStatus(_message.Message):
     __slots__ = ("version", "state", "reason")
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -289,7 +363,7 @@ class BatchingStats(_message.Message):
     def __init__(self, batches: _Optional[int] = ..., items: _Optional[int] = ..., mean_batch_size: _Optional[float] = ..., max_batch_size_seen: _Optional[int] = ..., dropped_deadline: _Optional[int] = ..., dropped_cancelled: _Optional[int] = ..., rejected_overloaded: _Optional[int] = ..., queue_depth: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_queue_delay_seconds: _Optional[float] = ..., max_queue_size: _Optional[int] = ..., padded_tokens: _Optional[int] = ..., padding_tokens: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "state", "labels", "max_length", "execution_provider", "precision", "versions", "batching", "is_default", "test_accuracy", "created_at", "source_kind", "architecture", "model_type", "activation", "inputs", "threshold", "truncation_side")
+    __slots__ = ("name", "version", "state", "labels", "max_length", "execution_provider", "precision", "versions", "batching", "is_default", "test_accuracy", "created_at", "source_kind", "architecture", "model_type", "activation", "inputs", "threshold", "truncation_side", "task", "label_scheme", "aggregation", "ignore_labels", "stride")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +383,11 @@ class ModelInfo(_message.Message):
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     TRUNCATION_SIDE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LABEL_SCHEME_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_LABELS_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     state: ModelState
@@ -328,4 +407,9 @@ class ModelInfo(_message.Message):
     inputs: _containers.RepeatedScalarFieldContainer[str]
     threshold: float
     truncation_side: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., labels: _Optional[_Iterable[str]] = ..., max_length: _Optional[int] = ..., execution_provider: _Optional[str] = ..., precision: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[VersionStatus, _Mapping]]] = ..., batching: _Optional[_Union[BatchingStats, _Mapping]] = ..., is_default: _Optional[bool] = ..., test_accuracy: _Optional[float] = ..., created_at: _Optional[str] = ..., source_kind: _Optional[str] = ..., architecture: _Optional[str] = ..., model_type: _Optional[str] = ..., activation: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., truncation_side: _Optional[str] = ...) -> None: ...
+    task: str
+    label_scheme: str
+    aggregation: str
+    ignore_labels: _containers.RepeatedScalarFieldContainer[str]
+    stride: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., labels: _Optional[_Iterable[str]] = ..., max_length: _Optional[int] = ..., execution_provider: _Optional[str] = ..., precision: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[VersionStatus, _Mapping]]] = ..., batching: _Optional[_Union[BatchingStats, _Mapping]] = ..., is_default: _Optional[bool] = ..., test_accuracy: _Optional[float] = ..., created_at: _Optional[str] = ..., source_kind: _Optional[str] = ..., architecture: _Optional[str] = ..., model_type: _Optional[str] = ..., activation: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., truncation_side: _Optional[str] = ..., task: _Optional[str] = ..., label_scheme: _Optional[str] = ..., aggregation: _Optional[str] = ..., ignore_labels: _Optional[_Iterable[str]] = ..., stride: _Optional[int] = ...) -> None: ...

@@ -64,6 +64,16 @@ class ClassifierStub:
                 request_serializer=textserve_dot_v1_dot_classifier__pb2.ZeroShotRequest.SerializeToString,
                 response_deserializer=textserve_dot_v1_dot_classifier__pb2.ZeroShotResponse.FromString,
                 _registered_method=True)
+        self.Tag = channel.unary_unary(
+                '/textserve.v1.Classifier/Tag',
+                request_serializer=textserve_dot_v1_dot_classifier__pb2.TagRequest.SerializeToString,
+                response_deserializer=textserve_dot_v1_dot_classifier__pb2.TagResponse.FromString,
+                _registered_method=True)
+        self.TagStream = channel.stream_stream(
+                '/textserve.v1.Classifier/TagStream',
+                request_serializer=textserve_dot_v1_dot_classifier__pb2.TagRequest.SerializeToString,
+                response_deserializer=textserve_dot_v1_dot_classifier__pb2.TagResponse.FromString,
+                _registered_method=True)
 
 
 class ClassifierServicer:
@@ -115,6 +125,23 @@ class ClassifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tag(self, request, context):
+        """A token classifier's entities (named entities, PII spans) per text, grouped as
+        transformers' token-classification pipeline groups them, with character offsets into the
+        text; a sequence classifier: INVALID_ARGUMENT (and Classify on a token classifier too).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TagStream(self, request_iterator, context):
+        """Bidirectional Tag: responses as they complete, each with its request's id; a failed request
+        yields a response with `error` set and the stream goes on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClassifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -147,6 +174,16 @@ def add_ClassifierServicer_to_server(servicer, server):
                     servicer.ZeroShot,
                     request_deserializer=textserve_dot_v1_dot_classifier__pb2.ZeroShotRequest.FromString,
                     response_serializer=textserve_dot_v1_dot_classifier__pb2.ZeroShotResponse.SerializeToString,
+            ),
+            'Tag': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tag,
+                    request_deserializer=textserve_dot_v1_dot_classifier__pb2.TagRequest.FromString,
+                    response_serializer=textserve_dot_v1_dot_classifier__pb2.TagResponse.SerializeToString,
+            ),
+            'TagStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.TagStream,
+                    request_deserializer=textserve_dot_v1_dot_classifier__pb2.TagRequest.FromString,
+                    response_serializer=textserve_dot_v1_dot_classifier__pb2.TagResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +348,60 @@ class Classifier:
             '/textserve.v1.Classifier/ZeroShot',
             textserve_dot_v1_dot_classifier__pb2.ZeroShotRequest.SerializeToString,
             textserve_dot_v1_dot_classifier__pb2.ZeroShotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tag(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/textserve.v1.Classifier/Tag',
+            textserve_dot_v1_dot_classifier__pb2.TagRequest.SerializeToString,
+            textserve_dot_v1_dot_classifier__pb2.TagResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TagStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/textserve.v1.Classifier/TagStream',
+            textserve_dot_v1_dot_classifier__pb2.TagRequest.SerializeToString,
+            textserve_dot_v1_dot_classifier__pb2.TagResponse.FromString,
             options,
             channel_credentials,
             insecure,
