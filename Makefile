@@ -96,6 +96,7 @@ bench: venv
 	$(PY) -m textserve.bench.cache --repository $(REPOSITORY) --model $(MODEL) --texts runs/$(MODEL) \
 	  --concurrency 128 --duration 15 --rounds 5 --cache-size 64MiB --output bench/results/cache.json
 	$(PY) -m textserve.bench.field --texts runs/$(MODEL) --output bench/results/field
+	$(PY) -m textserve.bench.tagging --texts runs/$(MODEL) --output bench/results/tagging
 	$(PY) -m textserve.export.bench --bert-shaped --json bench/results/export_bench_bert.json
 
 ## mutate: mutation testing (mutmut) of the core modules, one group at a time against the unit

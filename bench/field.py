@@ -42,6 +42,14 @@ RERANK = "/textserve.v1.Classifier/Rerank"
 
 def build_cross_encoder(folder: Path, texts: Sequence[str], max_length: int = 256) -> Path:
     """save_pretrained of a one-output BERT (random weights) and a WordPiece tokenizer."""
+    return build_bert(folder, texts, "BertForSequenceClassification", max_length, num_labels=1)
+
+
+def build_bert(
+    folder: Path, texts: Sequence[str], kind: str, max_length: int = 256, **config: Any
+) -> Path:
+    """save_pretrained of a small BERT (4 layers, width 128, random weights) of transformers'
+    class `kind` and a WordPiece tokenizer trained on `texts` (with a pair template)."""
     import torch
     import transformers as tf
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
@@ -60,13 +68,13 @@ def build_cross_encoder(folder: Path, texts: Sequence[str], max_length: int = 25
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
     )
-    config = tf.BertConfig(  # type: ignore[call-arg]
+    bert = tf.BertConfig(
         vocab_size=tok.get_vocab_size(), hidden_size=128, num_hidden_layers=4,
         num_attention_heads=2, intermediate_size=256, max_position_embeddings=max_length,
-        num_labels=1, pad_token_id=0,
+        pad_token_id=0, **config,
     )  # fmt: skip
     torch.manual_seed(0)
-    tf.BertForSequenceClassification(config).eval().save_pretrained(folder)
+    getattr(tf, kind)(bert).eval().save_pretrained(folder)
     names = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]"}
     names.update(sep_token="[SEP]", mask_token="[MASK]")
     fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length, **names)

@@ -33,7 +33,7 @@ import onnxruntime as ort
 import torch
 
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, Source, sha256_file
-from textserve.export import checks, gates, transforms
+from textserve.export import checks, gates, token_checks, transforms
 from textserve.export.checks import Encoder, Feed
 from textserve.export.description import Description
 from textserve.export.gates import Built, Job
@@ -212,7 +212,7 @@ class Transformers:
             texts = checks.TOKEN_CHECK_TEXTS
             return {
                 "tokenization_texts": checks.tokenization_parity(d, ours, reference, texts),
-                "tokenization_offsets": checks.offsets_parity(d, ours, reference, texts),
+                "tokenization_offsets": token_checks.offsets_parity(d, ours, reference, texts),
                 **self.served(graph),
             }
         figures: dict[str, float] = {
@@ -231,7 +231,7 @@ class Transformers:
         d, ours, reference, threads = self.description, self.encoder, self.reference, self.threads
         figures = {}
         if texts and d.per_token:
-            figures["served_max_abs_score_diff"] = checks.served_token_parity(
+            figures["served_max_abs_score_diff"] = token_checks.served_token_parity(
                 graph, d, ours, reference, threads=threads
             )
         elif texts:

@@ -222,7 +222,7 @@ def optimize(src: Path, dst: Path, model_type: str | None, shape: tuple[int, int
 
     fusions = FusionOptions(model_type)
     # SkipLayerNormalization is slow on CPU here: the server's CPU sessions leave that fusion
-    # out online too (textserve.artifact.disabled_optimizers): the offline optimizer leaves it
+    # out online too (textserve.onnx_contract.disabled_optimizers): the offline optimizer leaves it
     fusions.enable_skip_layer_norm = False
 
     # shape (heads, hidden): the config's (0: the optimizer reads them from the graph); opt_level

@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import resources
@@ -53,7 +53,7 @@ V2_FIELDS = (
     "tagging",
 )  # fmt: skip
 SEQUENCE_CLASSIFICATION = "sequence-classification"  # one row of logits per text
-TOKEN_CLASSIFICATION = "token-classification"  # one row per token: entities (service/tagging)
+TOKEN_CLASSIFICATION = "token-classification"  # one row per token: entities (tagging.py)
 
 # Versions go out as int64 (protobuf, Prometheus labels): a bigger one made every RPC fail.
 MAX_VERSION = 2**63 - 1
@@ -224,8 +224,7 @@ class Manifest:
     tagging: dict[str, Any] | None = None
 
     @property
-    def tags_tokens(self) -> bool:
-        """A token classifier: entities per text, not scores per text."""
+    def tags_tokens(self) -> bool:  # a token classifier: entities per text
         return self.task == TOKEN_CLASSIFICATION
 
     @property
@@ -532,18 +531,12 @@ def _check_format(data: dict[str, Any], source: str) -> None:
 
 def _check_meaning(data: dict[str, Any], source: str) -> None:
     """What the schema does not say: a regression model (activation none) has one output; a
-    token classifier has its tagging defaults and a softmax over its labels, and only it has
-    tagging defaults."""
+    token classifier, and only it, has tagging defaults (and a softmax over its labels)."""
     tags = data.get("task") == TOKEN_CLASSIFICATION
-    if tags and (data.get("tagging") is None or data.get("activation") != "softmax"):
+    if tags != (data.get("tagging") is not None) or (tags and data["activation"] != "softmax"):
         raise ManifestError(
-            f"{source}: task {TOKEN_CLASSIFICATION!r} needs its 'tagging' defaults and "
-            "activation 'softmax' (one probability per label and token)"
-        )
-    if not tags and data.get("tagging") is not None:
-        raise ManifestError(
-            f"{source}: 'tagging' is a token classifier's; this manifest's task is "
-            f"{data.get('task', SEQUENCE_CLASSIFICATION)!r}"
+            f"{source}: a token classifier (task {TOKEN_CLASSIFICATION!r}), and only it, has "
+            "'tagging' defaults, and its activation is 'softmax'"
         )
     if data.get("activation") == "none" and len(data["labels"]) != 1:
         raise ManifestError(
@@ -605,21 +598,3 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def disabled_optimizers(requested: Sequence[str]) -> list[str]:
-    """onnxruntime graph optimizers to leave out of a session on these providers: part of the
-    contract, because the export's checks must run a graph exactly as the server will.
-
-    CPU only: SkipLayerNormFusion. onnxruntime's CPU SkipLayerNormalization kernel runs ~5x
-    slower than the Add + LayerNormalization it replaces (onnxruntime 1.32: 0.8 vs 0.15 ms at
-    800 tokens x 128, the same ratio at 256 and 768 wide); the int8 graph gets two of them
-    (7-10% of a batch of 32). Sessions with CUDA keep the fusion: it was not measured there, and
-    onnxruntime's transformer optimizations target that kernel on GPUs.
-
-    >>> disabled_optimizers(["CPUExecutionProvider"])
-    ['SkipLayerNormFusion']
-    >>> disabled_optimizers(["CUDAExecutionProvider", "CPUExecutionProvider"])
-    []
-    """
-    return ["SkipLayerNormFusion"] if list(requested) == ["CPUExecutionProvider"] else []

@@ -22,7 +22,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from textserve.client import _request
+from textserve.messages import classify_request as _request
 from textserve.results import ClassifyResult, ClientError, to_result
 from textserve.v1 import classifier_pb2 as pb
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from textserve.artifact import shown
 from textserve.service.dataplane.classify import timing
-from textserve.service.dataplane.observe import observed
+from textserve.service.dataplane.observe import Seen, observed
 from textserve.service.dataplane.prologue import resolve, truncation
 from textserve.service.engine.token_runner import TagRequest, TokenRunner
 from textserve.service.errors import ValidationError
@@ -27,7 +27,8 @@ from textserve.v1 import classifier_pb2 as pb
 
 if TYPE_CHECKING:
     from textserve.service.dataplane.context import ServingContext
-    from textserve.service.engine.handle import ModelHandle, TagResult
+    from textserve.service.engine.handle import ModelHandle
+    from textserve.service.engine.token_runner import TagResult
 
 T = TypeVar("T")
 MAX_IGNORED = 1024
@@ -99,6 +100,14 @@ def request_of(handle: ModelHandle, call: TagCall) -> TagRequest:
     return TagRequest(TagOptions(aggregation, ignore, call.threshold), stride)
 
 
+def prologue(ctx: ServingContext, call: TagCall, seen: Seen) -> tuple[ModelHandle, TagRequest]:
+    """THE tag prologue (unary Tag, each TagStream message, /v1/tag): the version, then the
+    request's options checked against it; `seen` learns the model reached."""
+    handle = resolve(ctx.repository, call.model, call.version)
+    seen.reached(handle.name, handle.version, call.texts)
+    return handle, request_of(handle, call)
+
+
 async def tag(
     ctx: ServingContext,
     call: TagCall,
@@ -110,9 +119,7 @@ async def tag(
 ) -> T:
     """Tag `call`'s texts and return `encode(tagged)`; observed as `method`."""
     with observed(ctx.metrics, method, deadline, context=context, telemetry=ctx.telemetry) as seen:
-        handle = resolve(ctx.repository, call.model, call.version)
-        seen.reached(handle.name, handle.version, call.texts)
-        request = request_of(handle, call)
+        handle, request = prologue(ctx, call, seen)
         result = await handle.tag(
             call.texts,
             request,

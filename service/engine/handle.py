@@ -28,10 +28,9 @@ from textserve.service.engine.cache import Hit, VersionCache
 from textserve.service.engine.inference import (
     ModelCheckError as ModelCheckError,  # re-exported: the repository's loader catches it
 )
-from textserve.service.engine.inference import TextItem, TextRunner
-from textserve.service.engine.token_runner import TagRequest, TokenRunner
+from textserve.service.engine.inference import TextItem, TextRunner, TokenizeObserver
+from textserve.service.engine.token_runner import TagRequest, TagResult, TokenRunner, tag_defaults
 from textserve.service.errors import LimitExceededError, ValidationError
-from textserve.tagging import STRATEGIES, Entity, TagOptions
 from textserve.tokenization import Tokenization
 
 if TYPE_CHECKING:
@@ -77,34 +76,6 @@ class ClassifyResult:
         return 0 if self.cached is None else int(self.cached.sum())
 
 
-@dataclass(frozen=True)
-class TagResult:
-    """A token classifier's answer: each text's entities (textserve.tagging.Entity)."""
-
-    entities: list[list[Entity]]
-    num_tokens: np.ndarray  # int64 (n,), tokens the model saw per text (all its windows)
-    truncated: np.ndarray  # bool (n,): cut (windows off and the text over max_length)
-    windows: np.ndarray  # int64 (n,): windows per text (1: it fit)
-    timings: Timings
-    cached: np.ndarray | None = None  # never cached
-
-    cached_count = 0
-
-
-def tag_defaults(manifest: Manifest) -> TagRequest:
-    """A token classifier's request defaults, from its manifest's `tagging`."""
-    tagging = manifest.tagging or {}
-    aggregation = tagging.get("aggregation", "simple")
-    return TagRequest(
-        TagOptions(
-            aggregation if aggregation in STRATEGIES else "simple",
-            frozenset(tagging.get("ignore_labels", ["O"])),
-            0.0,
-        ),
-        tagging.get("stride"),
-    )
-
-
 class ModelHandle:
     """One servable model version. Create through ModelRepository; use on its event loop."""
 
@@ -140,31 +111,14 @@ class ModelHandle:
         observer = None if metrics is None else metrics.for_model(self.name)
         # The batch function. THE tokenization (textserve.tokenization), as the manifest says:
         # a format 1 version whose tokenizer has no [UNK] is refused here.
-        tokenization = Tokenization.for_manifest(tokenizer, manifest)
-        self.runner: TextRunner
-        if manifest.tags_tokens:  # a token classifier: entities per text (token_runner.py)
-            self.runner = TokenRunner(
-                session,
-                tokenization,
-                labels=self.labels,
-                max_batch_tokens=batcher_config.max_batch_tokens,
-                defaults=tag_defaults(manifest),
-                max_windows=max_texts_per_request,
-                name=self.name,
-                version=self.version,
-                observer=observer,
-            )
-        else:
-            self.runner = TextRunner(
-                session,
-                tokenization,
-                labels=self.labels,
-                max_batch_tokens=batcher_config.max_batch_tokens,
-                activation=manifest.activation,
-                name=self.name,
-                version=self.version,
-                observer=observer,
-            )
+        self.runner = runner_for(
+            manifest,
+            session,
+            Tokenization.for_manifest(tokenizer, manifest),
+            max_batch_tokens=batcher_config.max_batch_tokens,
+            max_windows=max_texts_per_request,
+            observer=observer,
+        )
         # Requests that picked this handle and have not finished (tokenizing, queued or running):
         # a retired version is released only once this reaches zero (see drain()).
         self._active = 0
@@ -597,6 +551,31 @@ class ModelHandle:
                 raise ValidationError(
                     f"text_pairs[{index}] is empty; every pair needs some content"
                 )
+
+
+def runner_for(
+    manifest: Manifest,
+    session: Session,
+    tokenization: Tokenization,
+    *,
+    max_batch_tokens: int,
+    max_windows: int,
+    observer: TokenizeObserver | None,
+) -> TextRunner:
+    """The batch function of a version: a TokenRunner for a token classifier (entities per
+    text, token_runner.py), else a TextRunner. THE tokenization, as the manifest says: a format
+    1 version whose tokenizer has no [UNK] was refused by Tokenization.for_manifest."""
+    name, version, labels = manifest.name, manifest.version, manifest.labels
+    if manifest.tags_tokens:
+        return TokenRunner(
+            session, tokenization, labels=labels, max_batch_tokens=max_batch_tokens,
+            defaults=tag_defaults(manifest), max_windows=max_windows, name=name,
+            version=version, observer=observer,
+        )  # fmt: skip
+    return TextRunner(
+        session, tokenization, labels=labels, max_batch_tokens=max_batch_tokens,
+        activation=manifest.activation, name=name, version=version, observer=observer,
+    )  # fmt: skip
 
 
 def _marks(n: int, cut: list[int]) -> np.ndarray:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
@@ -29,11 +30,13 @@ from textserve.service.engine.inference import (
     TokenizeObserver,
 )
 from textserve.service.errors import ValidationError
-from textserve.tagging import Entity, Tagger, TagOptions, Window, softmax
+from textserve.tagging import STRATEGIES, Entity, Tagger, TagOptions, Window, softmax
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
 
+    from textserve.artifact import Manifest
+    from textserve.service.engine.handle import Timings
     from textserve.service.engine.runtime import Session
     from textserve.tokenization import Tokenization
 
@@ -43,6 +46,34 @@ class TagRequest(NamedTuple):
 
     options: TagOptions
     stride: int | None  # windows of a long text overlapping by this many tokens; None: no windows
+
+
+@dataclass(frozen=True)
+class TagResult:
+    """A token classifier's answer (ModelHandle.tag): each text's entities."""
+
+    entities: list[list[Entity]]
+    num_tokens: np.ndarray  # int64 (n,), tokens the model saw per text (all its windows)
+    truncated: np.ndarray  # bool (n,): cut (windows off and the text over max_length)
+    windows: np.ndarray  # int64 (n,): windows per text (1: it fit)
+    timings: Timings
+    cached: np.ndarray | None = None  # never cached
+
+    cached_count = 0
+
+
+def tag_defaults(manifest: Manifest) -> TagRequest:
+    """A token classifier's request defaults, from its manifest's `tagging`."""
+    tagging = manifest.tagging or {}
+    aggregation = tagging.get("aggregation", "simple")
+    return TagRequest(
+        TagOptions(
+            aggregation if aggregation in STRATEGIES else "simple",
+            frozenset(tagging.get("ignore_labels", ["O"])),
+            0.0,
+        ),
+        tagging.get("stride"),
+    )
 
 
 class EntityObserver(Protocol):

@@ -166,12 +166,7 @@ def load_version_dir(
         except Exception as exc:
             session.close()
             raise LoadError(f"{path}: warm-up failed: {exc}", "warmup_error") from None
-    if model_bytes is not None and handle.tags_tokens:
-        logger.info(
-            "%s: a token classifier runs in the worker (--engine process: not for entities)",
-            path,
-        )
-    elif model_bytes is not None:
+    if model_bytes is not None:
         _use_engine_process(handle, model_bytes, files[TOKENIZER_FILE], config)
     return handle
 
@@ -179,7 +174,11 @@ def load_version_dir(
 def _use_engine_process(
     handle: ModelHandle, model: bytes, tokenizer: bytes, config: ServerConfig
 ) -> None:
-    """--engine process: the version's batches run in a process of their own."""
+    """--engine process: the version's batches run in a process of their own (a token
+    classifier's stay in the worker: its rows are entities, not the pipe's arrays)."""
+    if handle.tags_tokens:
+        logger.info("%s: a token classifier runs in the worker, not --engine process", handle.path)
+        return
     from textserve.service.engine.remote import EngineProcess
 
     try:

@@ -35,8 +35,9 @@ from textserve.service.dataplane.classify import (
 )
 from textserve.service.dataplane.codes import log_unexpected, public_message
 from textserve.service.dataplane.observe import Observation
-from textserve.service.dataplane.prologue import resolve, truncation
-from textserve.service.dataplane.tag import TagCall, Tagged, request_of, v1_tag_response
+from textserve.service.dataplane.prologue import truncation
+from textserve.service.dataplane.tag import TagCall, Tagged, v1_tag_response
+from textserve.service.dataplane.tag import prologue as tag_prologue
 from textserve.service.errors import ValidationError
 from textserve.service.servicers.status import deadline_of, grpc_code
 from textserve.v1 import classifier_pb2 as pb
@@ -231,9 +232,7 @@ class TagStreamCall(ClassifyStreamCall):
         seen = observation.seen
         try:
             call: TagCall = self._decode(request)  # type: ignore[assignment]
-            handle = resolve(ctx.repository, call.model, call.version)
-            seen.reached(handle.name, handle.version, call.texts)
-            options = request_of(handle, call)
+            handle, options = tag_prologue(ctx, call, seen)
             running = handle.tag(
                 call.texts,
                 options,

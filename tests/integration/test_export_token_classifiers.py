@@ -37,14 +37,22 @@ BIO = {"scheme": "BIO", "aggregation": "simple", "ignore_labels": ["O"], "stride
 TEXTS = ["Ada Lovelace met Charles Babbage in London.", "Ünïcödé café — 北京 🙂", "two  spaces"]
 
 
-def export(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+def export(
+    folder: Path, repository: Path, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, str, str]:
+    """`textserve export FOLDER` as model "t" of `repository`: exit status, stdout, stderr."""
     capsys.readouterr()  # not the export's: a build's progress bars
+    argv = [str(folder), "--repository", str(repository), "--name", "t", *extra]
     try:
         code = cli.main(["export", *argv, "--threads", "1"])
     except SystemExit as exc:  # argparse's own refusals
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def nothing_published(repository: Path) -> bool:
+    return not (repository / "t").exists() or not any((repository / "t").iterdir())
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +74,14 @@ def repository(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 def wordpiece() -> Any:
     """One trained tokenizer for the label-scheme folders (DistilBERT: the quickest export)."""
     return foreign.tokenizer_for("distilbert")
+
+
+@pytest.fixture
+def tagger(wordpiece: Any, tmp_path: Path) -> Any:
+    """labels -> a DistilBERT token classifier's folder with those labels."""
+    return lambda labels: foreign.build_token(
+        "distilbert", tmp_path / "tagger", labels=labels, tokenizer=wordpiece
+    )
 
 
 @pytest.mark.parametrize("arch", foreign.ARCHITECTURES)
@@ -142,16 +158,11 @@ def test_the_graph_gives_logits_per_token_at_any_batch_and_length(
 def test_the_label_scheme_is_read_from_id2label(
     labels: tuple[str, ...],
     tagging: dict[str, Any],
-    wordpiece: Any,
+    tagger: Any,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    folder = foreign.build_token(
-        "distilbert", tmp_path / "tagger", labels=labels, tokenizer=wordpiece
-    )
-    code, out, err = export(
-        [str(folder), "--repository", str(tmp_path / "m"), "--name", "t"], capsys
-    )
+    code, out, err = export(tagger(labels), tmp_path / "m", capsys)
     assert code == 0, err
     manifest = Manifest.read(tmp_path / "m" / "t" / "1")
     assert manifest.labels == list(labels) and manifest.tagging == tagging
@@ -177,18 +188,15 @@ def test_the_label_scheme_is_read_from_id2label(
 def test_a_label_scheme_that_does_not_parse_is_refused(
     labels: tuple[str, ...],
     message: str,
-    wordpiece: Any,
+    tagger: Any,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    folder = foreign.build_token(
-        "distilbert", tmp_path / "tagger", labels=labels, tokenizer=wordpiece
-    )
-    code, _, err = export([str(folder), "--repository", str(tmp_path / "m"), "--name", "t"], capsys)
+    code, _, err = export(tagger(labels), tmp_path / "m", capsys)
     assert code == 2, err
     assert err.count("\n") == 1 and err.startswith("textserve export: error: "), err
     assert message in err and "config.json's id2label" in err
-    assert not (tmp_path / "m" / "t").exists() or not any((tmp_path / "m" / "t").iterdir())
+    assert nothing_published(tmp_path / "m")
 
 
 def test_a_tokenizer_whose_offsets_place_no_entity_is_refused(
@@ -201,9 +209,10 @@ def test_a_tokenizer_whose_offsets_place_no_entity_is_refused(
     tokenizer, names = foreign.tokenizer_for("distilbert")
     tokenizer.normalizer = normalizers.Replace(Regex(r"[\s\S]+"), "the story of a film")
     folder = foreign.build_token("distilbert", tmp_path / "t", tokenizer=(tokenizer, names))
-    code, _, err = export([str(folder), "--repository", str(tmp_path / "m"), "--name", "t"], capsys)
+    code, _, err = export(folder, tmp_path / "m", capsys)
     assert code == 2, err
     assert err.count("\n") == 1 and err.startswith("textserve export: error: "), err
+    assert nothing_published(tmp_path / "m")
     assert "offsets unsupported by the tokenizer" in err and "cover 1 of its 36 letters" in err
 
 
@@ -222,8 +231,7 @@ def test_options_a_token_classifier_does_not_take_are_refused(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = [str(folders["distilbert"]), *extra, "--repository", str(tmp_path / "m"), "--name", "t"]
-    code, _, err = export(argv, capsys)
+    code, _, err = export(folders["distilbert"], tmp_path / "m", capsys, *extra)
     assert code == 2, err
     assert err.count("\n") == 1 and message in err, err
 
@@ -233,8 +241,8 @@ def test_int8_and_the_listing(
 ) -> None:
     """int8 goes through its gate on the check texts' tokens; `textserve models` says the task."""
     repo = tmp_path / "m"
-    argv = [str(folders["bert"]), "--repository", str(repo), "--name", "t", "--quantize", "int8"]
-    code, _, err = export([*argv, "--max-accuracy-drop", "100"], capsys)
+    int8 = ("--quantize", "int8", "--max-accuracy-drop", "100")
+    code, _, err = export(folders["bert"], repo, capsys, *int8)
     assert code == 0, err
     manifest = Manifest.read(repo / "t" / "1")
     assert (manifest.precision, manifest.task, manifest.tagging) == (
@@ -263,7 +271,7 @@ def test_offsets_that_differ_from_transformers_are_not_published(
     not, and the export fails, exit 1, nothing published."""
     from tokenizers import processors
 
-    from textserve.export import checks
+    from textserve.export import token_checks
 
     def untrimmed(path: Any) -> Any:
         tokenizer = load_tokenizer(path)
@@ -272,11 +280,9 @@ def test_offsets_that_differ_from_transformers_are_not_published(
         )
         return tokenizer
 
-    monkeypatch.setattr(checks, "load_tokenizer", untrimmed)
+    monkeypatch.setattr(token_checks, "load_tokenizer", untrimmed)
     out = tmp_path / "m"
-    code, _, err = export(
-        [str(folders["roberta"]), "--repository", str(out), "--name", "t"], capsys
-    )
+    code, _, err = export(folders["roberta"], out, capsys)
     assert code == 1, err
     assert "offsets parity check failed: text 0" in err and "nothing was published" in err
-    assert not any((out / "t").iterdir())
+    assert nothing_published(out)

@@ -280,6 +280,9 @@ def test_every_dashboard_query_returns_data(
 ) -> None:
     queries = dashboard_queries()
     assert len(queries) >= 20  # every panel is covered, not just the first
+    # A token classifier's panels have data only for one (this server serves a sequence
+    # classifier); tests/unit/bench/test_dashboard.py checks their metric names.
+    queries = [(where, expr) for where, expr in queries if "(token classifiers)" not in where]
     pending = {where: fill(expr, served_model(server)) for where, expr in queries}
 
     def all_answered() -> bool:

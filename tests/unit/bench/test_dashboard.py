@@ -70,6 +70,7 @@ def exported_samples() -> list[Any]:
     metrics.set_model_info("m", 1, "CPUExecutionProvider")
     metrics.for_predictions("m", 1, ["negative", "positive"])  # a version's prediction series
     metrics.for_cache("m")  # a cached model's series
+    metrics.for_entities("m", 1, ["O", "B-PER", "I-PER"])  # a token classifier's entity series
     metrics.for_model("m")  # a model's batch and queue series
     return [s for family in metrics.registry.collect() for s in family.samples]
 

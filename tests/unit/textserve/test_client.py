@@ -24,7 +24,7 @@ def test_client_result_conversion() -> None:
 
 
 def test_client_refuses_a_single_string() -> None:
-    from textserve.client import _request
+    from textserve.messages import classify_request as _request
 
     with pytest.raises(TypeError, match="not one string"):
         _request("abc", None, None, None, 0, False, "")

@@ -128,6 +128,20 @@ def test_format_1_rules(change: dict[str, Any], message: str) -> None:
         )
 
 
+TAGGING = {"scheme": "BIO", "aggregation": "simple", "ignore_labels": ["O"], "stride": 16}
+
+
+def test_a_token_classifier_manifest_round_trips() -> None:
+    sha = {"model.onnx": "0" * 64, "tokenizer.json": "0" * 64}
+    token = {"task": "token-classification", "tagging": TAGGING, "activation": "softmax"}
+    data = {**V1, "sha256": sha, **V2, **token, "threshold": None}
+    manifest = Manifest.from_dict(data)
+    assert manifest.tags_tokens and manifest.tagging == TAGGING
+    assert Manifest.from_dict(manifest.to_dict()) == manifest
+    plain = Manifest.from_dict({**V1, "sha256": sha, **V2})
+    assert not plain.tags_tokens and "task" not in plain.to_dict()  # as classifiers wrote it
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -146,6 +160,12 @@ def test_format_1_rules(change: dict[str, Any], message: str) -> None:
         ({"source": {"kind": "hub", "architecture": "X", "model_type": None}}, "source/kind"),
         ({"source": {"kind": "module", "architecture": ""}}, "'model_type' is a required"),
         ({"test_accuracy": 1.5}, "test_accuracy: 1.5 is greater than the maximum of 1"),
+        ({"task": "ner"}, "task: 'ner' is not one of"),
+        ({"task": "token-classification", "activation": "softmax"}, "and only it, has 'tagging"),
+        ({"task": "token-classification", "tagging": TAGGING, "activation": "sigmoid"}, "softmax"),
+        ({"tagging": TAGGING}, "and only it, has 'tagging' defaults"),
+        ({"tagging": {**TAGGING, "scheme": "IOB9"}}, "tagging/scheme: 'IOB9' is not one of"),
+        ({"tagging": {**TAGGING, "stride": -1}}, "tagging/stride: -1 is less than the minimum"),
     ],
 )
 def test_format_2_rules(change: dict[str, Any], message: str) -> None:

@@ -41,10 +41,13 @@ def test_only_the_data_plane_observes_requests_and_runs_the_engine() -> None:
     # the stream runs the data plane's prologue and observation per message itself: its
     # answers come in callbacks (servicers/stream.py)
     allowed = {"dataplane/classify.py", "dataplane/oip.py", "dataplane/observe.py"}
+    allowed |= {"dataplane/tag.py"}  # a token classifier's Tag: the same observation
     assert _offenders(r"\bobserved\(|\bObservation\(", allowed | {"servicers/stream.py"}) == []
     # long texts: the data plane's windows run the engine on a classify's windows
     engine_callers = allowed | {"servicers/stream.py", "dataplane/windows.py"}
     assert _offenders(r"handle\.classify(_nowait)?\(", engine_callers) == []
+    assert _offenders(r"handle\.tag\(", allowed | {"servicers/stream.py"}) == []
     # (GetModel, textserve.v1's own model description, resolves through the prologue too)
     resolvers = {"dataplane/prologue.py", "dataplane/classify.py", "dataplane/oip.py"}
+    resolvers |= {"dataplane/tag.py"}
     assert _offenders(r"\bresolve\(", resolvers | {"servicers/classifier.py"}) == []

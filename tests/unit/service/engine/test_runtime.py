@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tests.handmade import make_version
-from textserve.artifact import MODEL_FILE, disabled_optimizers
+from textserve.artifact import MODEL_FILE
+from textserve.onnx_contract import disabled_optimizers
 from textserve.service.config import RuntimeConfig
 from textserve.service.engine.runtime import (
     CPU,
