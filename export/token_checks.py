@@ -24,6 +24,7 @@ from textserve.export.checks import (
 )
 from textserve.export.description import Description
 from textserve.export.errors import CheckFailed
+from textserve.tagging import STRATEGIES, Entity, Tagger, TagOptions, Window
 from textserve.tokenization import load_tokenizer
 
 
@@ -121,7 +122,75 @@ def served_token_parity(
                 figure=diff,
                 limit=SERVED_ATOL,
             )
+    return max(worst, entity_parity(description, ours, reference, texts, tokens, scores))
+
+
+def entity_parity(
+    description: Description,
+    ours: Encoder,
+    reference: Any,
+    texts: Sequence[str],
+    tokens: Sequence[Tokens],
+    scores: np.ndarray,
+) -> float:
+    """max |Δscore| of the served entities (textserve.tagging over the served tokens' scores)
+    against the pipeline's, for every grouping aggregation; CheckFailed when a text's entities
+    differ in label, word, offsets or score (over SERVED_ATOL). A text with a near-tie on one
+    of its tokens is left out (two runtimes may break it either way, and the grouping with it)."""
+    from transformers import pipeline
+
+    tagger = Tagger(
+        load_tokenizer(description.tokenizer_file),
+        description.labels,
+        ours.tokenization.unk_token_id,
+    )
+    rows = [scores[row, : len(mine.ids)].astype(np.float32) for row, mine in enumerate(tokens)]
+    clear = [row for row, probs in enumerate(rows) if not _near_tie(probs, tokens[row])]
+    worst = 0.0
+    for strategy in STRATEGIES[1:]:
+        pipe = pipeline(
+            "token-classification", model=description.hf_model, tokenizer=reference,
+            aggregation_strategy=strategy, device="cpu",
+        )  # fmt: skip
+        expected: Any = pipe([texts[row] for row in clear]) if clear else []
+        for row, want in zip(clear, expected, strict=True):
+            mine = tokens[row]
+            window = Window(
+                np.asarray(mine.ids), np.asarray(mine.offsets).reshape(-1, 2),
+                np.asarray(mine.special, np.bool_),
+            )  # fmt: skip
+            got = tagger.entities(texts[row], [window], [rows[row]], TagOptions(strategy))
+            problem, diff = _entity_difference(list(want), got)
+            worst = max(worst, diff)
+            if problem is not None:
+                raise CheckFailed(
+                    "served entity parity",
+                    f"text {row} ({_shown(texts[row])}), aggregation {strategy}: {problem}",
+                    figure=diff,
+                    limit=SERVED_ATOL,
+                )
     return worst
+
+
+def _near_tie(probs: np.ndarray, tokens: Tokens) -> bool:
+    reported = probs[~np.asarray(tokens.special, np.bool_)]
+    if reported.shape[-1] < 2 or not len(reported):
+        return False
+    top = np.sort(reported, axis=-1)
+    return bool((top[:, -1] - top[:, -2] <= SERVED_ATOL).any())
+
+
+def _entity_difference(want: list[dict[str, Any]], got: list[Entity]) -> tuple[str | None, float]:
+    if len(want) != len(got):
+        return f"{len(got)} entities here, {len(want)} in transformers' pipeline", 0.0
+    worst = 0.0
+    for theirs, mine in zip(want, got, strict=True):
+        diff = abs(float(theirs["score"]) - mine.score)
+        worst = max(worst, diff)
+        fields = (theirs["entity_group"], theirs["word"], theirs["start"], theirs["end"])
+        if fields != (mine.label, mine.word, mine.start, mine.end) or diff > SERVED_ATOL:
+            return f"{mine} here, {theirs} in transformers' pipeline", diff
+    return None, worst
 
 
 def _token_difference(
