@@ -13,9 +13,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from tests.integration.test_worker_faults import gone, readyz
 from tests.integration.test_workers import (
     MODEL,
     TEXTS,
+    ClassifyLoad,
     Connection,
     connections_to_every_worker,
     scrape,
@@ -42,38 +41,6 @@ def repository(tmp_path: Path) -> Path:
     root = tmp_path / "models"
     make_version(root, MODEL, 1)
     return root
-
-
-class ClosedLoop:
-    """CALLERS callers per connection, each sending Classify after Classify, as plain grpc
-    callers do: no retry policy, no wait_for_ready; every outcome counted by status code."""
-
-    def __init__(self, connections: list[Connection]) -> None:
-        self.codes: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(c,))
-            for c in connections
-            for _ in range(CALLERS)
-        ]
-
-    def _run(self, connection: Connection) -> None:
-        while not self._stop.is_set():
-            try:
-                connection.classifier.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=30)
-                self.codes["OK"] += 1
-            except grpc.RpcError as exc:
-                self.codes[exc.code().name] += 1
-
-    def __enter__(self) -> ClosedLoop:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
 
 
 class HeldStream:
@@ -120,7 +87,7 @@ def test_a_draining_worker_sends_goaway_at_once_and_loses_no_call(repository: Pa
         probe.channel.subscribe(states.append)
         try:
             assert stream.ask().results
-            with ClosedLoop(connections) as load:
+            with ClassifyLoad(connections, callers=CALLERS) as load:
                 poll(lambda: load.codes["OK"] >= 200, "load on both workers")
                 os.kill(pid, signal.SIGTERM)
                 signalled = time.monotonic()

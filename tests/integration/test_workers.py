@@ -64,6 +64,48 @@ class Connection:
         self.channel.close()
 
 
+class ClassifyLoad:
+    """`callers` threads per connection, each sending Classify after Classify until the block
+    ends; every outcome counted by status code (`codes`), and by the worker the connection was
+    on (`ok`, `failed`). `wait_for_ready`: a call made while the channel reconnects waits for
+    it, as a client with a retry policy would; without it, as plain grpc callers do."""
+
+    def __init__(
+        self, connections: list[Connection], *, callers: int = 1, wait_for_ready: bool = False
+    ) -> None:
+        self.ok: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
+        self.codes: Counter[str] = Counter()
+        self._wait = wait_for_ready
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(c,))
+            for c in connections
+            for _ in range(callers)
+        ]
+
+    def _run(self, connection: Connection) -> None:
+        request = pb.ClassifyRequest(texts=TEXTS)
+        while not self._stop.is_set():
+            try:
+                connection.classifier.Classify(request, timeout=30, wait_for_ready=self._wait)
+                self.ok[connection.worker] += 1
+                self.codes["OK"] += 1
+            except grpc.RpcError as exc:
+                self.failed[connection.worker] += 1
+                self.codes[exc.code().name] += 1
+
+    def __enter__(self) -> ClassifyLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+
+
 def connections_to_every_worker(address: str, workers: int, limit: int = 64) -> list[Connection]:
     """Open connections until every worker has at least one (the kernel picks the worker of
     each connection by a hash of its addresses)."""
