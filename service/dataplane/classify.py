@@ -21,7 +21,9 @@ import numpy as np
 from textserve.service.dataplane.observe import Seen, observed
 from textserve.service.dataplane.prologue import decision_threshold, resolve, truncation
 from textserve.service.dataplane.windows import classify_windows, in_force
+from textserve.service.engine.inference import Cut
 from textserve.service.engine.window_options import Windows
+from textserve.service.errors import ValidationError
 from textserve.v1 import classifier_pb2 as pb
 
 if TYPE_CHECKING:
@@ -35,7 +37,8 @@ class ClassifyCall(NamedTuple):
     """One classify request, whichever way it came (a NamedTuple: built per request, cheaply)."""
 
     texts: Sequence[str]
-    pairs: Sequence[str] | None = None  # each text's second text (sentence pairs), or None
+    # each text's second text (sentence pairs; None for a single text in a mixed batch), or None
+    pairs: Sequence[str | None] | None = None
     model: str = ""  # "": the default model
     version: int | str | None = None  # 0, "" or None: the newest ready version
     truncate: bool | None = None  # None: the default (prologue.DEFAULT_TRUNCATE)
@@ -44,6 +47,7 @@ class ClassifyCall(NamedTuple):
     all_scores: bool = False  # every label's score per text
     id: str = ""  # echoed in the answer
     windows: Windows | None = None  # long texts split into windows, not cut (windows.py)
+    cut: Cut | None = None  # the request's own truncation (TEI, vLLM, Cohere options)
 
 
 class Prepared(NamedTuple):
@@ -89,14 +93,21 @@ async def classify(
         handle, truncate, threshold = prologue(ctx, call, seen)
         if admit is not None:
             admit(handle)
-        windows = in_force(ctx, call.windows, handle.name)
+        windows = None if call.cut is not None else in_force(ctx, call.windows, handle.name)
+        if windows is not None and call.pairs is not None and None in call.pairs:
+            raise ValidationError(
+                "windows do not take a batch that mixes single texts and pairs: send each kind "
+                "in a request of its own, or leave windows off"
+            )
         if windows is None:
             seen.result = result = await handle.classify(
-                call.texts, pairs=call.pairs, truncate=truncate, deadline=deadline, trace=seen.trace
-            )
+                call.texts, pairs=call.pairs, truncate=truncate, deadline=deadline,
+                trace=seen.trace, cut=call.cut,
+            )  # fmt: skip
         else:
+            pairs = None if call.pairs is None else [p or "" for p in call.pairs]  # (no None)
             seen.result = result = await classify_windows(
-                handle, call.texts, call.pairs, windows, deadline=deadline, trace=seen.trace
+                handle, call.texts, pairs, windows, deadline=deadline, trace=seen.trace
             )
         return encode(Classification(call, handle, result, threshold))
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from textserve.service.dataplane.classify import Classification, ClassifyCall, classify, timing
 from textserve.service.dataplane.windows import in_force
-from textserve.service.engine.inference import logits_of
+from textserve.service.engine.inference import Cut, logits_of
 from textserve.service.engine.window_options import OFF, Windows
 from textserve.service.errors import ValidationError
 from textserve.v1 import classifier_pb2 as pb
@@ -43,6 +43,7 @@ class RerankCall(NamedTuple):
     return_documents: bool = False  # the answer carries each ranked document's text
     id: str = ""  # echoed in the answer
     windows: Windows | None = None  # long documents by windows (windows.py), not cut
+    cut: Cut | None = None  # the request's own truncation (Cohere's max_tokens_per_doc, TEI's)
 
 
 class Ranking(NamedTuple):
@@ -93,6 +94,7 @@ async def rerank(
         version=call.version,
         truncate=call.truncate,
         windows=windows or OFF,
+        cut=call.cut,
     )
     return await classify(
         ctx,

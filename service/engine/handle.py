@@ -25,10 +25,10 @@ from textserve.service.config import BatcherConfig
 from textserve.service.engine.batcher import Batcher
 from textserve.service.engine.batches import BatchOutput, BatchResult, BatchStats, BatchTrace
 from textserve.service.engine.cache import Hit, VersionCache
+from textserve.service.engine.inference import Cut, TextItem, TextRunner, TokenizeObserver
 from textserve.service.engine.inference import (
     ModelCheckError as ModelCheckError,  # re-exported: the repository's loader catches it
 )
-from textserve.service.engine.inference import TextItem, TextRunner, TokenizeObserver
 from textserve.service.engine.token_runner import TagRequest, TagResult, TokenRunner, tag_defaults
 from textserve.service.errors import LimitExceededError, ValidationError
 from textserve.tokenization import Tokenization
@@ -234,14 +234,16 @@ class ModelHandle:
         self,
         texts: Sequence[str],
         *,
-        pairs: Sequence[str] | None = None,
+        pairs: Sequence[str | None] | None = None,
         truncate: bool = True,
         deadline: float | None = None,
         trace: BatchTrace | None = None,
+        cut: Cut | None = None,
     ) -> ClassifyResult:
         """Scores for each text (the version's activation). `pairs`: each text's second text
         (sentence pairs), or None; `deadline`: absolute time.monotonic() seconds; `trace`: the
-        request's trace, linked from the span of each batch that carries it.
+        request's trace, linked from the span of each batch that carries it; `cut`: the
+        request's own truncation (within the model's; implies truncate).
 
         Raises ValidationError, OverloadedError, DeadlineExceededError, NotReadyError.
         """
@@ -250,11 +252,11 @@ class ModelHandle:
         # version retired meanwhile still waits for this request (see drain()).
         self._active += 1
         try:
-            payloads, lengths, cut = self._prepare(texts, pairs, truncate)
-            hits = self._cached(payloads, truncate)
+            payloads, lengths, shortened = self._prepare(texts, pairs, truncate, cut)
+            hits = None if cut is not None else self._cached(payloads, truncate)
             if hits is None:
                 batch = await self.batcher.submit(payloads, lengths, deadline=deadline, trace=trace)
-                return self._result(batch, cut, started)
+                return self._result(batch, shortened, started)
             # Hits answered here, before the queue; only the misses are queued.
             misses = [i for i, hit in enumerate(hits) if hit is None]
             ran: BatchResult | None = None
@@ -265,7 +267,7 @@ class ModelHandle:
                     deadline=deadline,
                     trace=trace,
                 )
-            return self._merged(hits, misses, ran, cut, started)
+            return self._merged(hits, misses, ran, shortened, started)
         finally:
             self._finish_one()
 
@@ -274,7 +276,7 @@ class ModelHandle:
         texts: Sequence[str],
         done: Callable[[ClassifyResult | None, BaseException | None], None],
         *,
-        pairs: Sequence[str] | None = None,
+        pairs: Sequence[str | None] | None = None,
         truncate: bool = True,
         deadline: float | None = None,
         trace: BatchTrace | None = None,
@@ -371,7 +373,11 @@ class ModelHandle:
             self._inactive.set()
 
     def _prepare(
-        self, texts: Sequence[str], pairs: Sequence[str] | None, truncate: bool
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str | None] | None,
+        truncate: bool,
+        cut: Cut | None = None,
     ) -> tuple[list[TextItem], list[int], list[int]]:
         """Validate a request's texts (and pairs): the batcher's payloads and estimated
         lengths, and the positions of the texts cut by characters (see MAX_CHARS_PER_TOKEN)."""
@@ -383,23 +389,38 @@ class ModelHandle:
         self._validate(texts)
         if pairs is not None:
             self._validate_pairs(texts, pairs)
+        truncate = truncate or cut is not None
         max_chars = MAX_CHARS_PER_TOKEN * self.max_length
-        cut = self._cut_by_characters(texts, max_chars, "texts", truncate)
+        shortened = self._cut_by_characters(texts, max_chars, "texts", truncate)
         if pairs is not None:
-            cut = sorted({*cut, *self._cut_by_characters(pairs, max_chars, "text_pairs", truncate)})
-        if cut:
-            texts = self._shorten(texts, max_chars)
-            pairs = None if pairs is None else self._shorten(pairs, max_chars)
+            shortened = sorted(
+                {
+                    *shortened,
+                    *self._cut_by_characters(
+                        [p or "" for p in pairs], max_chars, "text_pairs", truncate
+                    ),
+                }
+            )
+        if shortened:
+            side = (cut.side if cut else None) or self.runner.tokenization.truncation_side
+            texts = _shorten(texts, max_chars, side)
+            pairs = None if pairs is None else [
+                None if p is None else p[-max_chars:] if side == "left" else p[:max_chars]
+                for p in pairs
+            ]  # fmt: skip
         # Tokenized in the batch, by the inference worker: the queue (and its refusal when full,
         # before any tokenizing) sees the texts at once, with their length in tokens estimated.
         if pairs is None:
-            payloads = [TextItem(text, truncate, index, texts) for index, text in enumerate(texts)]
+            payloads = [
+                TextItem(text, truncate, index, texts, None, cut)
+                for index, text in enumerate(texts)
+            ]
         else:
             payloads = [
-                TextItem(text, truncate, index, texts, pair)
+                TextItem(text, truncate, index, texts, pair, cut)
                 for index, (text, pair) in enumerate(zip(texts, pairs, strict=True))
             ]
-        return payloads, self.runner.estimate_lengths(texts, pairs), cut
+        return payloads, self.runner.estimate_lengths(texts, pairs), shortened
 
     def _cut_by_characters(
         self, texts: Sequence[str], max_chars: int, field: str, truncate: bool
@@ -414,12 +435,6 @@ class ModelHandle:
                 "or shorten the text)"
             )
         return cut
-
-    def _shorten(self, texts: Sequence[str], max_chars: int) -> list[str]:
-        """Texts cut to max_chars at the end the truncation keeps (left truncation: the end)."""
-        if self.runner.tokenization.truncation_side == "left":
-            return [text[-max_chars:] for text in texts]
-        return [text[:max_chars] for text in texts]
 
     def _cached(self, payloads: list[TextItem], truncate: bool) -> list[Hit | None] | None:
         """Each text's cached answer or None (a miss); None without a cache, and for sentence
@@ -533,7 +548,8 @@ class ModelHandle:
             if not text or text.isspace():
                 raise ValidationError(f"texts[{index}] is empty; every text needs some content")
 
-    def _validate_pairs(self, texts: Sequence[str], pairs: Sequence[str]) -> None:
+    def _validate_pairs(self, texts: Sequence[str], pairs: Sequence[str | None]) -> None:
+        """One pair per text (None: that text is single, as in TEI's mixed batches)."""
         if len(pairs) != len(texts):
             raise ValidationError(
                 f"{len(pairs)} text pairs for {len(texts)} texts; send one text_pair per text, "
@@ -545,6 +561,8 @@ class ModelHandle:
                 "template (the two texts would run together as one)"
             )
         for index, pair in enumerate(pairs):
+            if pair is None:
+                continue
             if not isinstance(pair, str):
                 raise ValidationError(f"text_pairs[{index}] is not a string")
             if not pair or pair.isspace():
@@ -576,6 +594,13 @@ def runner_for(
         session, tokenization, labels=labels, max_batch_tokens=max_batch_tokens,
         activation=manifest.activation, name=name, version=version, observer=observer,
     )  # fmt: skip
+
+
+def _shorten(texts: Sequence[str], max_chars: int, side: str) -> list[str]:
+    """Texts cut to max_chars at the end the truncation keeps (left truncation: the end)."""
+    if side == "left":
+        return [text[-max_chars:] for text in texts]
+    return [text[:max_chars] for text in texts]
 
 
 def _marks(n: int, cut: list[int]) -> np.ndarray:

@@ -88,6 +88,15 @@ class ModelCheckError(ValueError):
         self.reason = reason
 
 
+class Cut(NamedTuple):
+    """A request's own truncation, within the model's (TEI's truncation_direction, vLLM's
+    truncate_prompt_tokens, Cohere's max_tokens_per_doc): TextItem.options of a classifier."""
+
+    max_tokens: int | None = None  # tokens kept, special tokens included; None: max_length
+    side: str | None = None  # "right" or "left"; None: the version's truncation_side
+    document_tokens: int | None = None  # a pair's second text cut to its first N tokens first
+
+
 class TextItem(NamedTuple):
     """One text in the batcher's queue (the payload ModelHandle submits)."""
 
@@ -159,19 +168,20 @@ class TextRunner:
         # The response cache of this version (engine/cache.py), when the model has one: texts
         # that tokenize like a cached one are answered without a run, the others stored.
         self.cache: VersionCache | None = None
+        self._cuts: dict[tuple[int, str], Tokenization] = {}  # requests' own truncations
         # Every answered row counted by its winning label (drift), once per batch here on the
         # inference thread rather than once per request on the event loop.
         self.predictions: PredictionObserver | None = None
 
     def estimate_lengths(
-        self, texts: Sequence[str], pairs: Sequence[str] | None = None
+        self, texts: Sequence[str], pairs: Sequence[str | None] | None = None
     ) -> list[int]:
         """Each text's token count as the queue sees it before tokenization (from its length in
         characters, a pair's both texts): the queue sees a request at once, and a refused one
         costs no tokenizing."""
         limit, per_token = self.max_length, self.chars_per_token
         if pairs is not None:
-            texts = [text + pair for text, pair in zip(texts, pairs, strict=True)]
+            texts = [text + (pair or "") for text, pair in zip(texts, pairs, strict=True)]
         return [min(limit, int(len(text) / per_token) + 1) for text in texts]
 
     # -- load-time checks ------------------------------------------------------------------------
@@ -271,7 +281,9 @@ class TextRunner:
             answered[[keep[index] for index in failed]] = False
         if cache is not None:
             for index, row in enumerate(keep):
-                if index not in failed and payloads[row].pair is None:  # (pairs: not cached)
+                # (pairs: not cached; a request's own cut: not under its text, which the
+                # handle looks up before tokenizing with the model's own truncation)
+                if index not in failed and payloads[row].pair is None and not payloads[row].options:
                     cache.store(
                         payloads[row].text, encoded[row].ids, int(out["full_tokens"][row]),
                         out["probabilities"][row],
@@ -317,7 +329,8 @@ class TextRunner:
             out["probabilities"][row] = hit
             out["cached"][row] = True
             out["answered"][row] = True
-            cache.store(payloads[row].text, ids, int(out["full_tokens"][row]), hit)
+            if not payloads[row].options:  # (a request's own cut: not under its text)
+                cache.store(payloads[row].text, ids, int(out["full_tokens"][row]), hit)
         return left
 
     def _pad(self, rows: list[Row]) -> tuple[np.ndarray, ...]:
@@ -327,28 +340,54 @@ class TextRunner:
         return self.tokenization.pad([row.ids for row in rows])
 
     def _encode(self, payloads: list[TextItem]) -> list[Row | TokenizationError]:
-        """Each payload's Row (single texts and pairs encoded apart: a batch may hold both)."""
+        """Each payload's Row (single texts and pairs encoded apart: a batch may hold both;
+        texts with a Cut of their own apart too)."""
         encoded: list[Row | TokenizationError] = [Row([], [], 0)] * len(payloads)
-        single = [row for row, p in enumerate(payloads) if p.pair is None]
-        paired = [row for row, p in enumerate(payloads) if p.pair is not None]
-        if single:
-            rows = self.tokenization.rows(
-                [payloads[row].text for row in single], type_ids=self.feeds_token_type_ids
-            )
-            for row, one in zip(single, rows, strict=True):
-                encoded[row] = one
-        if paired:
+        groups: dict[tuple[bool, Cut | None], list[int]] = {}
+        for row, p in enumerate(payloads):
+            cut = p.options if isinstance(p.options, Cut) else None
+            groups.setdefault((p.pair is not None, cut), []).append(row)
+        for (paired, cut), rows in groups.items():
+            tokenization = self.tokenization if cut is None else self._cut(cut)
+            texts = [payloads[row].text for row in rows]
+            pairs = [payloads[row].pair or "" for row in rows] if paired else None
+            if pairs is not None and cut is not None and cut.document_tokens is not None:
+                pairs = self._first_tokens(pairs, cut.document_tokens)
             try:
-                texts = [payloads[row].text for row in paired]
-                pairs = [payloads[row].pair or "" for row in paired]
-                results: Sequence[Row | TokenizationError] = self.tokenization.rows(
+                results: Sequence[Row | TokenizationError] = tokenization.rows(
                     texts, pairs, type_ids=self.feeds_token_type_ids
                 )
             except TokenizationError as exc:  # e.g. max_length shorter than a pair's template
-                results = [exc] * len(paired)
-            for row, result in zip(paired, results, strict=True):
+                results = [exc] * len(rows)
+            for row, result in zip(rows, results, strict=True):
                 encoded[row] = result
         return encoded
+
+    def _cut(self, cut: Cut) -> Tokenization:
+        """The tokenization of a request's own Cut (kept per cut, a few dozen at most)."""
+        base = self.tokenization
+        length = min(cut.max_tokens or self.max_length, self.max_length)
+        side = cut.side or base.truncation_side
+        if (length, side) == (base.max_length, base.truncation_side):
+            return base
+        variant = self._cuts.get((length, side))
+        if variant is None:
+            variant = Tokenization(
+                base.tokenizer, length, base.pad_token_id, unk_token_id=base.unk_token_id,
+                truncation_side=side,
+            )  # fmt: skip
+            if len(self._cuts) < 64:
+                self._cuts[(length, side)] = variant
+        return variant
+
+    def _first_tokens(self, texts: list[str], limit: int) -> list[str]:
+        """Each text cut after its first `limit` tokens (by the tokenizer's character offsets:
+        what the text is up to the end of its token number `limit`)."""
+        encodings = self.tokenization.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [
+            text if len(e.offsets) <= limit else text[: e.offsets[limit - 1][1]]
+            for text, e in zip(texts, encodings, strict=True)
+        ]
 
     def _tokenize(
         self, payloads: list[TextItem], out: np.ndarray

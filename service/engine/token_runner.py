@@ -156,7 +156,7 @@ class TokenRunner(TextRunner):
         return tokenizer
 
     def estimate_lengths(
-        self, texts: Sequence[str], pairs: Sequence[str] | None = None
+        self, texts: Sequence[str], pairs: Sequence[str | None] | None = None
     ) -> list[int]:
         """Tokens per text from characters; a long text's windows count, up to a batch."""
         per_token, cap = self.chars_per_token, self.max_batch_tokens

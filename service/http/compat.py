@@ -35,7 +35,7 @@ from textserve.service.dataplane.zeroshot import (
     v1_zero_shot_response,
     zero_shot,
 )
-from textserve.service.engine.inference import logits_of
+from textserve.service.engine.inference import Cut, logits_of
 from textserve.service.errors import ValidationError
 from textserve.service.http.jsonify import to_json
 from textserve.service.http.messages import (
@@ -73,13 +73,25 @@ def _model(document: dict[str, Any]) -> str:
     return _text(typed(document, "model", str, ""), "`model`")
 
 
-def _right_only(document: dict[str, Any]) -> None:
+def _direction(document: dict[str, Any]) -> Cut | None:
+    """TEI's `truncation_direction` ("Right", the default, or "Left": keep a long text's end)."""
     direction = document.get("truncation_direction")
-    if direction is not None and str(direction).lower() != "right":
+    if direction is None:
+        return None
+    if not isinstance(direction, str) or direction.lower() not in ("right", "left"):
         raise ValidationError(
-            f"`truncation_direction` {direction!r} is not supported: textserve cuts a text "
-            "that is too long on the right"
+            f'`truncation_direction` must be "Right" or "Left", got {str(direction)[:40]!r}'
         )
+    return Cut(side=direction.lower())
+
+
+def _positive(document: dict[str, Any], name: str) -> int | None:
+    value = document.get(name)
+    if value is None:
+        return None
+    if type(value) is not int or not 0 < value < 2**31:
+        raise ValidationError(f"`{name}` must be a positive integer, got {str(value)[:40]}")
+    return value
 
 
 # -- text-embeddings-inference --------------------------------------------------------------------
@@ -99,10 +111,10 @@ def tei_error(status: int, message: str, code: str) -> bytes:
     return json.dumps({"error": message, "error_type": kind}).encode()
 
 
-def tei_inputs(inputs: Any) -> tuple[list[str], list[str] | None, bool]:
+def tei_inputs(inputs: Any) -> tuple[list[str], list[str | None] | None, bool]:
     """TEI's `inputs`: a text, a pair [a, b], or a batch of [a] and [a, b] -> (texts, pairs or
-    None, whether it was a batch). A batch that mixes single texts and pairs is refused: each
-    kind is one batch of the model's (send them in two requests)."""
+    None, whether it was a batch); in a batch that mixes single texts and pairs, a single
+    text's pair is None."""
     if isinstance(inputs, str):
         return [_text(inputs, "`inputs`")], None, False
     if not isinstance(inputs, list) or not inputs:
@@ -115,18 +127,13 @@ def tei_inputs(inputs: Any) -> tuple[list[str], list[str] | None, bool]:
             )
         return [_text(inputs[0], "`inputs[0]`")], [_text(inputs[1], "`inputs[1]`")], False
     texts: list[str] = []
-    seconds: list[str] = []
+    seconds: list[str | None] = []
     for index, one in enumerate(inputs):
         if not isinstance(one, list) or len(one) not in (1, 2):
             raise ValidationError(f"`inputs[{index}]` must be [text] or [text, text]")
         texts.append(_text(one[0], f"`inputs[{index}][0]`"))
-        if len(one) == 2:
-            seconds.append(_text(one[1], f"`inputs[{index}][1]`"))
-    if seconds and len(seconds) != len(texts):
-        raise ValidationError(
-            "a batch that mixes single texts and pairs is not supported: send each in a request"
-        )
-    return texts, seconds or None, True
+        seconds.append(_text(one[1], f"`inputs[{index}][1]`") if len(one) == 2 else None)
+    return texts, seconds if any(s is not None for s in seconds) else None, True
 
 
 async def tei_predict(app: AppView, request: Request) -> Response:
@@ -135,13 +142,13 @@ async def tei_predict(app: AppView, request: Request) -> Response:
     if "inputs" not in document:
         raise ValidationError("`inputs` is missing")
     texts, pairs, batch = tei_inputs(document["inputs"])
-    _right_only(document)
     raw_scores = typed(document, "raw_scores", bool, False)
     call = ClassifyCall(
         texts,
         pairs,
         model=_model(document),
         truncate=typed(document, "truncate", bool, None),
+        cut=_direction(document),
     )
 
     def encode(answer: Classification) -> Response:
@@ -174,7 +181,6 @@ def _texts(value: Any, name: str) -> list[str]:
 async def tei_rerank(app: AppView, request: Request) -> Response:
     """POST /rerank: each text's relevance to the query, most relevant first."""
     document = parse_json_object(request.body)
-    _right_only(document)
     texts = _texts(document.get("texts"), "texts")
     call = RerankCall(
         _text(document.get("query"), "`query`"),
@@ -184,6 +190,7 @@ async def tei_rerank(app: AppView, request: Request) -> Response:
         raw_scores=typed(document, "raw_scores", bool, False),
         return_documents=typed(document, "return_text", bool, False),
         windows=windows_field(document, "max"),
+        cut=_direction(document),
     )
 
     def encode(ranking: Ranking) -> Response:
@@ -224,11 +231,7 @@ async def cohere_rerank(app: AppView, request: Request) -> Response:
     """POST /v1/rerank and /v2/rerank: Cohere's and Jina's rerank."""
     document = parse_json_object(request.body)
     documents = _documents(document.get("documents"))
-    if document.get("max_tokens_per_doc") is not None:
-        raise ValidationError(
-            "`max_tokens_per_doc` is not supported: a document is cut to the model's length "
-            "(or refused with truncate=false)"
-        )
+    per_doc = _positive(document, "max_tokens_per_doc")
     call = RerankCall(
         _text(document.get("query"), "`query`"),
         documents,
@@ -237,6 +240,7 @@ async def cohere_rerank(app: AppView, request: Request) -> Response:
         top_n=typed(document, "top_n", int, 0),
         return_documents=typed(document, "return_documents", bool, False),
         windows=windows_field(document, "max"),
+        cut=None if per_doc is None else Cut(document_tokens=per_doc),
     )
 
     def encode(ranking: Ranking) -> Response:
@@ -282,17 +286,25 @@ def openai_error(status: int, message: str, code: str) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
+def _prompt_tokens(document: dict[str, Any]) -> Cut | None:
+    """vLLM's `truncate_prompt_tokens`: keep a text's last k tokens (special tokens included);
+    -1: as many as the model takes."""
+    value = document.get("truncate_prompt_tokens")
+    if value is None:
+        return None
+    if value == -1 and type(value) is int:
+        return Cut(side="left")
+    keep = _positive(document, "truncate_prompt_tokens")
+    return Cut(max_tokens=keep, side="left")
+
+
 async def vllm_classify(app: AppView, request: Request) -> Response:
     """POST /classify: vLLM's classification API (`model`, `input`)."""
     document = parse_json_object(request.body)
     inputs = document.get("input")
     single = isinstance(inputs, str)
     texts = [_text(inputs, "`input`")] if single else _texts(inputs, "input")
-    if document.get("truncate_prompt_tokens") is not None:
-        raise ValidationError(
-            "`truncate_prompt_tokens` is not supported: a text is cut to the model's length"
-        )
-    call = ClassifyCall(texts, model=_model(document))
+    call = ClassifyCall(texts, model=_model(document), cut=_prompt_tokens(document))
 
     def encode(answer: Classification) -> Response:
         probs = answer.result.probabilities

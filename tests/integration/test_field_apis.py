@@ -21,6 +21,7 @@ from tests import foreign
 from tests.serving import RunningServer, running_server
 from textserve.client import Client
 from textserve.results import ClientError
+from textserve.service.engine.cache_size import CacheSize
 
 QUERY = "is this film any good"
 DOCUMENTS = [
@@ -40,11 +41,13 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def running(
-    folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningServer]:
-    repo = foreign.export_all(folders, tmp_path_factory.mktemp("models"))
-    with running_server(repo, metrics_port=0, model="classifier") as srv:
+def repository(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return foreign.export_all(folders, tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def running(repository: Path) -> Iterator[RunningServer]:
+    with running_server(repository, metrics_port=0, model="classifier") as srv:
         yield srv
 
 
@@ -111,6 +114,104 @@ def test_tei_predict_single_pair_and_batch(server: str, folders: dict[str, Path]
     np.testing.assert_allclose([by_label(r) for r in pairs], [pair_probs[0]] * 2, atol=TOLERANCE)
 
 
+# A text longer than the models' 64 tokens whose start and end differ: the side cut matters.
+LONG = "a gripping film with a fine cast " * 4 + "the weather in paris " * 12 + "a dull plot " * 5
+
+
+def cut_logits(
+    folder: Path, texts: list[str], pairs: list[str] | None = None, *, side: str = "right",
+    max_length: int = foreign.MAX_LENGTH,
+) -> np.ndarray:  # fmt: skip
+    """transformers' logits with its tokenizer cutting on `side` at `max_length` tokens."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer.truncation_side = side
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    batch = tokenizer(
+        texts, pairs, truncation=True, max_length=max_length, padding=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        return model(**batch).logits.double().numpy()
+
+
+def test_tei_truncation_direction_left_keeps_the_end(server: str, folders: dict[str, Path]) -> None:
+    left = softmax(cut_logits(folders["classifier"], [LONG], side="left"))[0]
+    right = softmax(cut_logits(folders["classifier"], [LONG]))[0]
+    assert np.abs(left - right).max() > 1e-3  # the two cuts score differently
+    body = {"inputs": LONG, "truncate": True}
+    got = post(server, "/predict", {**body, "truncation_direction": "Left"}).json()
+    np.testing.assert_allclose(by_label(got), left, atol=TOLERANCE)
+    default = post(server, "/predict", body).json()
+    np.testing.assert_allclose(by_label(default), right, atol=TOLERANCE)
+
+
+def test_a_requests_own_cut_never_answers_another_from_the_cache(
+    repository: Path, folders: dict[str, Path]
+) -> None:
+    """The response cache finds a text by the text before tokenizing, with the model's own
+    truncation: an answer cut on the left must not be stored under the text, nor the other
+    way round."""
+    left = softmax(cut_logits(folders["classifier"], [LONG], side="left"))[0]
+    right = softmax(cut_logits(folders["classifier"], [LONG]))[0]
+    cache = CacheSize.parse("1MiB")
+    with running_server(repository, metrics_port=0, model="classifier", cache_size=cache) as srv:
+        server = base(srv)
+        for direction, expected in [("Left", left), (None, right), ("Left", left), (None, right)]:
+            body = {"inputs": LONG, "truncation_direction": direction}
+            got = post(server, "/predict", body).json()
+            np.testing.assert_allclose(by_label(got), expected, atol=TOLERANCE, err_msg=direction)
+
+
+def test_tei_batch_mixing_single_texts_and_pairs(server: str, folders: dict[str, Path]) -> None:
+    singles = softmax(logits(folders["classifier"], [TEXTS[0], TEXTS[2]]))
+    pair = softmax(logits(folders["classifier"], [TEXTS[1]], [TEXTS[0]]))[0]
+    inputs = [[TEXTS[0]], [TEXTS[1], TEXTS[0]], [TEXTS[2]]]
+    got = post(server, "/predict", {"inputs": inputs}).json()
+    np.testing.assert_allclose(
+        [by_label(row) for row in got], [singles[0], pair, singles[1]], atol=TOLERANCE
+    )
+
+
+def test_vllm_truncate_prompt_tokens_keeps_the_last_tokens(
+    server: str, folders: dict[str, Path]
+) -> None:
+    for keep in (10, 33):
+        expected = softmax(cut_logits(folders["classifier"], [LONG], side="left", max_length=keep))
+        body = {"input": LONG, "truncate_prompt_tokens": keep}
+        answer = post(server, "/classify", body).json()
+        np.testing.assert_allclose(answer["data"][0]["probs"], expected[0], atol=TOLERANCE)
+        assert answer["usage"]["prompt_tokens"] == keep
+    whole = softmax(cut_logits(folders["classifier"], [LONG], side="left"))[0]
+    answer = post(server, "/classify", {"input": LONG, "truncate_prompt_tokens": -1}).json()
+    np.testing.assert_allclose(answer["data"][0]["probs"], whole, atol=TOLERANCE)
+    bad = post(server, "/classify", {"input": LONG, "truncate_prompt_tokens": 0})
+    assert bad.status_code == 400 and "truncate_prompt_tokens" in bad.json()["error"]["message"]
+
+
+def test_cohere_max_tokens_per_doc_cuts_each_document(
+    server: str, folders: dict[str, Path]
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folders["reranker"]))
+    limit = 3
+    cut = []
+    for doc in DOCUMENTS:
+        spans = tokenizer(doc, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = spans["offset_mapping"]
+        cut.append(doc if len(offsets) <= limit else doc[: offsets[limit - 1][1]])
+    assert cut != DOCUMENTS
+    expected = sigmoid(logits(folders["reranker"], [QUERY] * len(cut), cut)[:, 0])
+    client = cohere.ClientV2(api_key="unused", base_url=server)
+    answer = client.rerank(
+        model="reranker", query=QUERY, documents=DOCUMENTS, max_tokens_per_doc=limit
+    )
+    got = {r.index: r.relevance_score for r in answer.results}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], expected, atol=TOLERANCE)
+
+
 def test_tei_predict_raw_scores_are_the_logits(server: str, folders: dict[str, Path]) -> None:
     raw = post(server, "/predict", {"inputs": TEXTS[1], "raw_scores": True}).json()
     expected = logits(folders["classifier"], [TEXTS[1]])[0]
@@ -144,8 +245,7 @@ def test_tei_errors_are_in_tei_shape(server: str) -> None:
     for body, words in [
         ({}, "`inputs` is missing"),
         ({"inputs": ["a", "b", "c"]}, "is a pair"),
-        ({"inputs": [["a"], ["a", "b"]]}, "mixes single texts and pairs"),
-        ({"inputs": "a", "truncation_direction": "Left"}, "not supported"),
+        ({"inputs": "a", "truncation_direction": "Middle"}, 'must be "Right" or "Left"'),
         ({"inputs": "a", "raw_scores": "yes"}, "must be a bool"),
         ({"inputs": "a", "model": "nope"}, "nope"),
     ]:
@@ -208,7 +308,7 @@ def test_cohere_errors_are_in_cohere_shape(server: str) -> None:
         ({"model": "gone", "query": QUERY, "documents": ["a"]}, 404, "gone"),
         ({"model": "reranker", "query": QUERY, "documents": ["a"], "top_n": -1}, 400, "top_n"),
         (
-            {"model": "reranker", "query": QUERY, "documents": ["a"], "max_tokens_per_doc": 9},
+            {"model": "reranker", "query": QUERY, "documents": ["a"], "max_tokens_per_doc": 0},
             400,
             "max_tokens_per_doc",
         ),
