@@ -25,11 +25,11 @@ from textserve.service.config import BatcherConfig
 from textserve.service.engine.batcher import Batcher
 from textserve.service.engine.batches import BatchOutput, BatchResult, BatchStats, BatchTrace
 from textserve.service.engine.cache import Hit, VersionCache
-from textserve.service.engine.inference import Cut, TextItem, TextRunner, TokenizeObserver
+from textserve.service.engine.inference import Cut, TextItem
 from textserve.service.engine.inference import (
     ModelCheckError as ModelCheckError,  # re-exported: the repository's loader catches it
 )
-from textserve.service.engine.token_runner import TagRequest, TagResult, TokenRunner, tag_defaults
+from textserve.service.engine.token_runner import TagRequest, TagResult, TokenRunner, runner_for
 from textserve.service.errors import LimitExceededError, ValidationError
 from textserve.tokenization import Tokenization
 
@@ -569,31 +569,6 @@ class ModelHandle:
                 raise ValidationError(
                     f"text_pairs[{index}] is empty; every pair needs some content"
                 )
-
-
-def runner_for(
-    manifest: Manifest,
-    session: Session,
-    tokenization: Tokenization,
-    *,
-    max_batch_tokens: int,
-    max_windows: int,
-    observer: TokenizeObserver | None,
-) -> TextRunner:
-    """The batch function of a version: a TokenRunner for a token classifier (entities per
-    text, token_runner.py), else a TextRunner. THE tokenization, as the manifest says: a format
-    1 version whose tokenizer has no [UNK] was refused by Tokenization.for_manifest."""
-    name, version, labels = manifest.name, manifest.version, manifest.labels
-    if manifest.tags_tokens:
-        return TokenRunner(
-            session, tokenization, labels=labels, max_batch_tokens=max_batch_tokens,
-            defaults=tag_defaults(manifest), max_windows=max_windows, name=name,
-            version=version, observer=observer,
-        )  # fmt: skip
-    return TextRunner(
-        session, tokenization, labels=labels, max_batch_tokens=max_batch_tokens,
-        activation=manifest.activation, name=name, version=version, observer=observer,
-    )  # fmt: skip
 
 
 def _shorten(texts: Sequence[str], max_chars: int, side: str) -> list[str]:

@@ -292,3 +292,28 @@ class TokenRunner(TextRunner):
                 if id(payload.request) in refused:
                     windows[row] = []
         return windows, errors
+
+
+def runner_for(
+    manifest: Manifest,
+    session: Session,
+    tokenization: Tokenization,
+    *,
+    max_batch_tokens: int,
+    max_windows: int,
+    observer: TokenizeObserver | None,
+) -> TextRunner:
+    """The batch function of a version: a TokenRunner for a token classifier (entities per
+    text, token_runner.py), else a TextRunner. THE tokenization, as the manifest says: a format
+    1 version whose tokenizer has no [UNK] was refused by Tokenization.for_manifest."""
+    name, version, labels = manifest.name, manifest.version, manifest.labels
+    if manifest.tags_tokens:
+        return TokenRunner(
+            session, tokenization, labels=labels, max_batch_tokens=max_batch_tokens,
+            defaults=tag_defaults(manifest), max_windows=max_windows, name=name,
+            version=version, observer=observer,
+        )  # fmt: skip
+    return TextRunner(
+        session, tokenization, labels=labels, max_batch_tokens=max_batch_tokens,
+        activation=manifest.activation, name=name, version=version, observer=observer,
+    )  # fmt: skip

@@ -21,7 +21,8 @@ Shaped after grpc's examples/python/multiprocessing/server.py and gunicorn's arb
   created here and removed at exit (metrics.server_registry here).
 - Admin changes are relayed to every worker (protocol.py says why) and replayed to a worker
   that restarts.
-The messages over each worker's pipe are the typed ones of protocol.py.
+The messages over each worker's pipe are the typed ones of protocol.py; each worker's state,
+restart backoff and heartbeat decisions are lifecycle.py's (pure): this module does the I/O.
 One log line per worker state change: "worker 2 (pid 123): warm".
 """
 
@@ -43,6 +44,15 @@ from typing import Any
 
 from textserve.service.config import ServerConfig
 from textserve.service.workers.errors import SupervisorError
+from textserve.service.workers.lifecycle import (
+    CRASH_WINDOW,
+    WARM,
+    Beat,
+    CrashWindow,
+    IllegalTransition,
+    Lifecycle,
+    server_readiness,
+)
 from textserve.service.workers.metrics import create_metrics_dir, mark_dead
 from textserve.service.workers.protocol import (
     AdminChange,
@@ -64,11 +74,6 @@ from textserve.service.workers.sizing import worker_config
 from textserve.service.workers.worker import WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
-
-CRASH_LIMIT = 5  # worker deaths within CRASH_WINDOW seconds that stop the server
-CRASH_WINDOW = 60.0
-BACKOFF_FIRST = 0.5  # seconds before restarting a worker that died; doubles per death in a row
-BACKOFF_MAX = 10.0
 
 
 @contextlib.contextmanager
@@ -99,19 +104,14 @@ def reserve_port(listen: str) -> Iterator[int]:
 
 @dataclass
 class _Worker:
+    """One worker slot: its process and pipe (the I/O) and its life (lifecycle.py)."""
+
     index: int
     process: BaseProcess | None = None
     conn: Connection | None = None
     pid: int = 0
-    state: str = "starting"  # starting, warm, then the readiness states of metrics.py
     seen: int = 0  # entries of the admin log this worker has applied (or will, at startup)
-    failure: str = ""  # what it said when its startup failed
-    restart_at: float | None = None
-    deaths_in_a_row: int = 0
-    heard_at: float = 0.0  # when it last said anything (a Pong, or any other message)
-    pinged_at: float = 0.0
-    pings: int = 0
-    killed_for: str | None = None  # "unresponsive": the supervisor killed it (restart reason)
+    life: Lifecycle = field(default_factory=Lifecycle)
 
 
 @dataclass
@@ -131,7 +131,7 @@ class Supervisor:
         self.admin_log: list[AdminChange] = []
         self._relays: dict[RelayKey, _Relay] = {}
         self._context = multiprocessing.get_context("spawn")
-        self._deaths: list[float] = []
+        self._deaths = CrashWindow()
         self._stopping: int | None = None  # the signal that started the drain
         self._stop_deadline = 0.0
         self._announced = False
@@ -227,8 +227,8 @@ class Supervisor:
             now = time.monotonic()
             timeout = self._ping_interval
             for w in self.workers:
-                if w.restart_at is not None:
-                    timeout = min(timeout, max(0.0, w.restart_at - now))
+                if w.life.restart_at is not None:
+                    timeout = min(timeout, max(0.0, w.life.restart_at - now))
             waitables: list[Any] = [wake]
             for w in running:
                 assert w.process is not None
@@ -275,10 +275,9 @@ class Supervisor:
         child.close()
         worker.process, worker.conn, worker.pid = process, parent, process.pid or 0
         worker.seen = len(self.admin_log)
-        worker.state, worker.failure, worker.restart_at = "starting", "", None
-        worker.heard_at, worker.killed_for = time.monotonic(), None
+        worker.life.spawned(time.monotonic())
         self._set_count()
-        logger.info("worker %d (pid %d): starting", worker.index, worker.pid)
+        logger.info("worker %d (pid %d): %s", worker.index, worker.pid, worker.life.text)
 
     def _set_count(self) -> None:
         if self._metrics is not None:
@@ -290,20 +289,27 @@ class Supervisor:
         assert worker.conn is not None
         try:
             while worker.conn.poll():
-                worker.heard_at = time.monotonic()
+                worker.life.heard(time.monotonic())
                 self._message(worker, worker.conn.recv())
         except (EOFError, OSError):
             worker.conn.close()
             worker.conn = None  # the process is ending: its sentinel tells the rest
 
     def _message(self, worker: _Worker, message: ToSupervisor) -> None:
+        try:
+            self._dispatch(worker, message)
+        except IllegalTransition as exc:  # another process's word: said, not fatal here
+            logger.warning("worker %d: %r out of turn: %s", worker.index, message, exc)
+
+    def _dispatch(self, worker: _Worker, message: ToSupervisor) -> None:
         match message:
             case Warm():
                 self._warm(worker)
             case Readiness(state=state):
-                self._state(worker, state)
+                if worker.life.reported(state):
+                    self._changed(worker)
             case StartupFailed(message=failure):
-                worker.failure = failure
+                worker.life.startup_failed(failure)
             case Relay(ident=ident, change=change):
                 self._relay(worker, RelayKey(worker.index, ident), change)
             case Applied(key=key, error=error):
@@ -314,12 +320,13 @@ class Supervisor:
                 logger.warning("worker %d: unknown message %r", worker.index, message)
 
     def _warm(self, worker: _Worker) -> None:
-        self._state(worker, "warm")
+        worker.life.warm()
+        self._changed(worker)
         if self._stopping is not None:
             return
         if self._started:
             self._catch_up(worker)
-        elif all(w.state == "warm" for w in self.workers):
+        elif all(w.life.state is WARM for w in self.workers):
             self._started = True
             for w in self.workers:
                 self._catch_up(w)
@@ -336,27 +343,15 @@ class Supervisor:
             with contextlib.suppress(OSError):  # it is dying: its sentinel tells
                 worker.conn.send(message)
 
-    def _state(self, worker: _Worker, state: str) -> None:
-        if state == worker.state:
-            return
-        worker.state = state
-        logger.info("worker %d (pid %d): %s", worker.index, worker.pid, state)
-        if state == "serving":
-            worker.deaths_in_a_row = 0
+    def _changed(self, worker: _Worker) -> None:
+        """The worker's state changed: one log line, and the server's readiness follows."""
+        logger.info("worker %d (pid %d): %s", worker.index, worker.pid, worker.life.text)
         self._readiness()
 
     def _readiness(self) -> None:
-        from textserve.service.metrics import DRAINING, NO_MODEL, SERVING, WARMING
+        from textserve.service.metrics import SERVING
 
-        states = {w.state for w in self.workers}
-        if self._stopping is not None:
-            ready = DRAINING
-        elif states == {SERVING}:
-            ready = SERVING
-        elif NO_MODEL in states and states <= {SERVING, NO_MODEL}:
-            ready = NO_MODEL
-        else:
-            ready = WARMING  # a worker starts or restarts: not every worker is warm
+        ready = server_readiness((w.life.state for w in self.workers), self._stopping is not None)
         if self._metrics_server is not None:
             self._metrics_server.set_state(ready)
         if ready == SERVING and not self._announced:
@@ -372,7 +367,7 @@ class Supervisor:
         relay = _Relay(origin, key)
         for w in self.workers:
             # a worker still starting gets the change from the log when it is warm
-            if w is origin or w.conn is None or w.state in ("starting", "warm"):
+            if w is origin or w.conn is None or w.life.catches_up:
                 continue
             relay.waiting.add(w.index)
             self._send(w, Apply(key, change))
@@ -408,84 +403,78 @@ class Supervisor:
             worker.conn.close()
         mark_dead(worker.pid, self.metrics_dir)
         worker.process, worker.conn = None, None
-        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
         for relay in list(self._relays.values()):  # it will get the change again if restarted
             if worker.index in relay.waiting:
                 relay.waiting.discard(worker.index)
                 self._finish_relay(relay)
+        life = worker.life
         if self._stopping is not None:
             self._codes.append(code)
-            self._state(worker, f"stopped ({how})")
-            worker.pid = 0
-            self._set_count()
-            return
-        if not self._started:
-            logger.error("worker %d (pid %d): exited with %s", worker.index, worker.pid, how)
+            life.stopped(code)
+        elif not self._started:
+            life.failed(code)
+            logger.error("worker %d (pid %d): %s", worker.index, worker.pid, life.text)
             self._fatal = SupervisorError(
-                worker.failure or f"worker {worker.index} exited with {how} before it was ready",
-                2 if worker.failure else 1,
+                life.failure or f"worker {worker.index} exited with {life.how} before it was ready",
+                2 if life.failure else 1,
             )
             self._stop(signal.SIGTERM)
             return
-        now = time.monotonic()
-        self._deaths = [t for t in self._deaths if now - t < CRASH_WINDOW] + [now]
-        if len(self._deaths) >= CRASH_LIMIT:
-            logger.error(
-                "worker %d (pid %d): died with %s: %d worker deaths within %.0fs, stopping",
-                worker.index, worker.pid, how, len(self._deaths), CRASH_WINDOW,
-            )  # fmt: skip
-            self._fatal = SupervisorError(
-                f"workers keep dying ({len(self._deaths)} deaths within {CRASH_WINDOW:.0f}s; "
-                f"the last: {worker.failure or how})",
-                1,
-            )
-            self._stop(signal.SIGTERM)
+        elif self._deaths.record(now := time.monotonic()):
+            self._crash_loop(worker, code)
             return
-        delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**worker.deaths_in_a_row)
-        worker.deaths_in_a_row += 1
-        worker.restart_at = now + delay
-        said = f": {worker.failure}" if worker.failure else ""
-        if worker.killed_for is not None:
-            said = f" ({worker.killed_for})"
-        self._state(worker, f"died with {how}{said}; restarting in {delay:.1f}s")
+        else:
+            life.died(code, now)
+        self._changed(worker)
         worker.pid = 0
         self._set_count()
 
+    def _crash_loop(self, worker: _Worker, code: int) -> None:
+        """CRASH_LIMIT deaths within CRASH_WINDOW seconds, this one the last: stop the server."""
+        worker.life.failed(code)
+        deaths = len(self._deaths.deaths)
+        logger.error(
+            "worker %d (pid %d): died with %s: %d worker deaths within %.0fs, stopping",
+            worker.index, worker.pid, worker.life.how, deaths, CRASH_WINDOW,
+        )  # fmt: skip
+        self._fatal = SupervisorError(
+            f"workers keep dying ({deaths} deaths within {CRASH_WINDOW:.0f}s; "
+            f"the last: {worker.life.failure or worker.life.how})",
+            1,
+        )
+        self._stop(signal.SIGTERM)
+
     def _heartbeat(self, now: float) -> None:
-        """Ping every worker that is past its startup (loading a large model may take longer
-        than any timeout; it has not said Warm yet) and kill one that has said nothing for
-        worker_timeout seconds: stopped, or its event loop blocked (the Pong is sent from the
-        loop). Readiness goes 503 at once; the restart follows the usual backoff."""
+        """Ping every worker that is past its startup and kill one that has said nothing for
+        worker_timeout seconds (Lifecycle.heartbeat decides): stopped, or its event loop
+        blocked (the Pong is sent from the loop). Readiness goes 503 at once; the restart
+        follows the usual backoff."""
+        timeout = self.config.worker_timeout
         for w in self.workers:
-            if w.process is None or w.conn is None or w.state == "starting":
+            if w.process is None or w.conn is None:
                 continue
-            if w.killed_for is not None:
-                continue  # killed: its sentinel tells the rest
-            silent = now - w.heard_at
-            if silent > self.config.worker_timeout:
+            beat = w.life.heartbeat(now, timeout, self._ping_interval)
+            if beat is Beat.KILL:
                 logger.warning(
                     "worker %d (pid %d): unresponsive (no answer for %.1fs, --worker-timeout "
                     "%gs): killed",
-                    w.index, w.pid, silent, self.config.worker_timeout,
+                    w.index, w.pid, w.life.silence(now), timeout,
                 )  # fmt: skip
-                w.killed_for = "unresponsive"
-                self._state(w, "unresponsive")
+                w.life.killed_unresponsive()
+                self._changed(w)
                 w.process.kill()  # SIGKILL: also ends a stopped (SIGSTOP) process
-            elif now - w.pinged_at >= self._ping_interval:
-                w.pings += 1
-                w.pinged_at = now
-                self._send(w, Ping(w.pings))
+            elif beat is Beat.PING:
+                self._send(w, Ping(w.life.pinged(now)))
 
     def _restart_due(self) -> None:
         now = time.monotonic()
         for worker in self.workers:
-            if worker.restart_at is not None and worker.restart_at <= now:
+            if worker.life.restart_due(now):
                 if self._stopping is not None:
-                    worker.restart_at = None
+                    worker.life.restart_cancelled()
                     continue
                 if self._metrics is not None:
-                    reason = worker.killed_for or "exited"
-                    self._metrics.worker_restarts.labels(reason).inc()
+                    self._metrics.worker_restarts.labels(worker.life.restart_reason).inc()
                 self._spawn(worker)
 
     def _signal(self, signum: int) -> None:
@@ -502,7 +491,8 @@ class Supervisor:
             self._stop_deadline = time.monotonic() + self.config.grace_period + 15.0
             self._readiness()
         for worker in self.workers:
-            worker.restart_at = None
+            if worker.life.restart_at is not None:
+                worker.life.restart_cancelled()
             if worker.process is not None and worker.pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(worker.pid, signum)

@@ -1,7 +1,7 @@
 """The supervisor's restart backoff, without processes: the delay before a worker is restarted
 doubles with its deaths in a row (0.5 s, 1 s, 2 s, ... at most BACKOFF_MAX) and starts again
 from BACKOFF_FIRST once the worker has served; too many deaths within CRASH_WINDOW stop the
-server."""
+server. The supervisor driving its workers' Lifecycle (test_lifecycle.py tests it alone)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 
 from textserve.service.config import ServerConfig
 from textserve.service.workers import supervisor as module
-from textserve.service.workers.supervisor import (
+from textserve.service.workers.lifecycle import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
     CRASH_LIMIT,
-    Supervisor,
-    _Worker,
+    WorkerState,
 )
+from textserve.service.workers.supervisor import Supervisor, _Worker
 
 
 class DeadProcess:
@@ -39,10 +39,13 @@ def supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Supervisor:
 
 def die(s: Supervisor, worker: _Worker) -> float:
     """The worker dies; the delay until its restart."""
+    if not worker.life.live:
+        worker.life.spawned(time.monotonic())
     worker.process, worker.pid = DeadProcess(), 4242  # type: ignore[assignment]
     s._exited(worker)
-    assert worker.restart_at is not None
-    return worker.restart_at - time.monotonic()
+    assert worker.life.state is WorkerState.RESTARTING
+    assert worker.life.restart_at is not None
+    return worker.life.restart_at - time.monotonic()
 
 
 def test_the_delay_doubles_with_deaths_in_a_row_and_resets_once_it_serves(
@@ -52,16 +55,18 @@ def test_the_delay_doubles_with_deaths_in_a_row_and_resets_once_it_serves(
     delays = []
     for _ in range(CRASH_LIMIT - 1):
         delays.append(die(supervisor, worker))
-        supervisor._deaths.clear()  # spread out in time: no crash loop
+        supervisor._deaths.deaths.clear()  # spread out in time: no crash loop
     expected = [min(BACKOFF_MAX, BACKOFF_FIRST * 2**i) for i in range(CRASH_LIMIT - 1)]
     assert delays == pytest.approx(expected, abs=0.05)
-    supervisor._state(worker, "serving")  # it came back and served
+    worker.life.spawned(time.monotonic())  # it came back and served
+    worker.life.warm()
+    worker.life.reported("serving")
     assert die(supervisor, worker) == pytest.approx(BACKOFF_FIRST, abs=0.05)
 
 
 def test_the_delay_is_capped(supervisor: Supervisor) -> None:
     worker = supervisor.workers[0]
-    worker.deaths_in_a_row = 30
+    worker.life.deaths_in_a_row = 30
     assert die(supervisor, worker) == pytest.approx(BACKOFF_MAX, abs=0.05)
 
 
@@ -69,10 +74,12 @@ def test_deaths_in_quick_succession_stop_the_server(supervisor: Supervisor) -> N
     worker = supervisor.workers[0]
     for _ in range(CRASH_LIMIT - 1):
         die(supervisor, worker)
+    worker.life.spawned(time.monotonic())
     worker.process, worker.pid = DeadProcess(), 4242  # type: ignore[assignment]
     supervisor._exited(worker)
     assert supervisor._fatal is not None and "workers keep dying" in str(supervisor._fatal)
     assert supervisor._fatal.status == 1
+    assert worker.life.state is WorkerState.FAILED
 
 
 def test_a_silent_worker_is_recorded_unresponsive_before_it_is_killed(
@@ -81,15 +88,22 @@ def test_a_silent_worker_is_recorded_unresponsive_before_it_is_killed(
     """The kill's SIGCHLD/sentinel may be read at once: by then the worker must already be
     recorded as killed for being unresponsive (its restart reason and readiness), or its
     death would be counted as a crash."""
-    recorded: list[tuple[str | None, str]] = []
+    recorded: list[tuple[WorkerState, str]] = []
     worker = supervisor.workers[0]
 
     class Silent:
         def kill(self) -> None:
-            recorded.append((worker.killed_for, worker.state))
+            recorded.append((worker.life.state, worker.life.text))
 
-    worker.process, worker.pid, worker.state = Silent(), 4242, "serving"  # type: ignore[assignment]
+    worker.life.spawned(time.monotonic() - supervisor.config.worker_timeout - 1)
+    worker.life.warm()
+    worker.life.reported("serving")
+    worker.process, worker.pid = Silent(), 4242  # type: ignore[assignment]
     worker.conn = object()  # type: ignore[assignment]
-    worker.heard_at = time.monotonic() - supervisor.config.worker_timeout - 1
     supervisor._heartbeat(time.monotonic())
-    assert recorded == [("unresponsive", "unresponsive")]
+    assert recorded == [(WorkerState.UNRESPONSIVE, "unresponsive")]
+    worker.process = DeadProcess()  # type: ignore[assignment]
+    worker.conn = None
+    supervisor._exited(worker)
+    assert worker.life.restart_reason == "unresponsive"
+    assert worker.life.text.startswith("died with signal SIGKILL (unresponsive); restarting in")
