@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with start_server(scratch, args.model, extra) as server:
             assert server.pid is not None
             peak = measure_peak(server.address)
-            rate = max(1.0, args.load * peak)
+            rate = args.rate or max(1.0, args.load * peak)
             print(f"peak {peak:.0f} requests/s (16 callers); soak at {rate:.0f}/s", flush=True)
             load = Load(server.address, rate, connections=max(4, 2 * args.workers)).start()
             t0 = time.monotonic()
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     version = publish_copy(model_dir)
                     events.append((now - t0, f"version {version}"))
                     next_reload += args.reload_every
-                if not killed and now - t0 >= args.minutes * 30:
+                if args.kill and not killed and now - t0 >= args.minutes * 30:
                     workers = [p for p in server_pids(server.pid) if p != server.pid]
                     if workers:
                         os.kill(workers[0], signal.SIGKILL)
@@ -293,6 +293,7 @@ def summarize(
         "ok": load.codes["OK"],
         "streamed": load.streamed,
         "codes": dict(load.codes),
+        "messages": load.messages,  # the first failures' status messages: who answered them
         "errors": len(load.failures),
         "errors_of_the_killed_worker": len(by_kill),
         "errors_otherwise": len(load.failures) - len(by_kill),
@@ -338,10 +339,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--load", type=float, default=0.7, help="fraction of the peak")
     parser.add_argument("--reload-every", type=float, default=60.0, help="seconds")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="requests/s (default: --load x the measured peak)"
+    )
+    parser.add_argument(
+        "--no-kill", dest="kill", action="store_false", help="no worker SIGKILLed halfway"
+    )
     parser.add_argument("--output", type=Path, default=Path("bench/results/soak"))
     args = parser.parse_args(argv)
-    if not args.minutes > 0 or not 0 < args.load <= 1 or args.workers < 1:
-        parser.error("--minutes must be positive, --load within (0, 1], --workers at least 1")
+    if not args.minutes > 0 or not 0 < args.load <= 1 or args.workers < 1 or args.rate < 0:
+        parser.error(
+            "--minutes must be positive, --load within (0, 1], --workers at least 1, "
+            "--rate not negative"
+        )
     result = run(args)
     print(
         f"soak {args.minutes:g} min, {args.workers} workers at {result['rate_rps']:.0f} req/s "

@@ -281,8 +281,16 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "max-concurrent-rpcs",
         _text(server.max_concurrent_rpcs),
         "gRPC calls handled at once; beyond it a call is answered RESOURCE_EXHAUSTED "
-        "(retryable) as soon as it is read, never left to wait in grpc; 0: no limit",
+        "(retryable) as soon as the server takes it from grpc; 0: no limit",
         type=int,
+    )
+    flag(
+        "max-backlog-wait-ms",
+        "0" if server.max_backlog_wait is None else _text(server.max_backlog_wait * 1e3),
+        "milliseconds a gRPC call may wait in grpc before the server takes it (a busy event "
+        "loop); one that waited longer is answered RESOURCE_EXHAUSTED (retryable) instead of "
+        "being cancelled by grpc; 0: off",
+        type=float,
     )
 
 
@@ -465,6 +473,9 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             worker_timeout=args.worker_timeout,
             max_message_bytes=args.max_message_bytes,
             max_concurrent_rpcs=args.max_concurrent_rpcs or None,
+            max_backlog_wait=(
+                args.max_backlog_wait_ms / 1000.0 if args.max_backlog_wait_ms else None
+            ),
             stream_max_inflight=args.stream_max_inflight,
             security=SecurityConfig(
                 tls_cert=Path(args.tls_cert) if args.tls_cert else None,

@@ -257,12 +257,21 @@ class ServerConfig:
     # Largest request message accepted; larger ones get RESOURCE_EXHAUSTED from grpc itself.
     max_message_bytes: int = 4 * 1024 * 1024
     # gRPC calls handled at once (per process); a call beyond it is answered RESOURCE_EXHAUSTED
-    # by grpc.aio as soon as the loop reads it (retryable), instead of waiting behind the others
-    # in grpc core until its caller or grpc cancels it. None: no limit. 512, measured
+    # by grpc.aio as soon as the loop takes it from grpc core (retryable), instead of waiting
+    # behind the others. The calls grpc core holds until then are max_backlog_wait's. None: no
+    # limit. 512, measured
     # (docs/performance.md, "Overload"): at 1.5x the peak rate on 2 cores it sheds the excess
     # with 0 CANCELLED and the accepted calls' p99 at 2.7x the closed-loop p99 (256: 1.4x,
     # 1024: 3.9x; no limit: 7,062 CANCELLED and 17x).
     max_concurrent_rpcs: int | None = 512
+    # Seconds a gRPC call may wait in grpc core before the server takes it (while its event loop
+    # is busy): one that waited longer is answered RESOURCE_EXHAUSTED as soon as it is taken,
+    # instead of grpc cancelling the calls it holds (CANCELLED, past 1,000 held calls or 30 s;
+    # service/backlog.py, docs/operations.md "Calls grpc holds"). None: off. 2 s: longer than
+    # the stalls of a hot reload on 2 shared cores at 70 % of the peak (1 s refused 3,700 calls
+    # in 90 s at the peak where grpc had cancelled 496), and 2 s of calls stay under grpc's
+    # memory cap (backlog.PENDING_CAP) up to 5,000 calls/s a process.
+    max_backlog_wait: float | None = 2.0
     security: SecurityConfig = field(default_factory=SecurityConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
@@ -289,6 +298,11 @@ class ServerConfig:
     worker_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        if self.max_backlog_wait is not None and not 0 < self.max_backlog_wait <= 30:
+            raise ConfigError(
+                "--max-backlog-wait-ms must be between 1 and 30000 (0: off), "
+                f"got {self.max_backlog_wait * 1e3:g}"
+            )
         if self.otlp_endpoint is not None and not self.otlp_endpoint.strip():
             raise ConfigError("--otlp-endpoint must be an address (e.g. http://collector:4317)")
         if not 0 <= self.trace_sample_ratio <= 1:

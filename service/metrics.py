@@ -229,6 +229,12 @@ class Metrics:
             "model, so textserve_requests_total does not count them)",
             registry=r,
         )
+        self.backlog_refusals = Counter(
+            "textserve_backlog_refusals",
+            "gRPC calls answered RESOURCE_EXHAUSTED because they waited in grpc longer than "
+            "--max-backlog-wait-ms before the server could take them (they reach no model)",
+            registry=r,
+        )
         self.limit_refusals = Counter(
             "textserve_request_limit_refusals",
             "Requests refused for a per-request limit (never split or cut silently), by limit",

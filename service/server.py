@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from textserve.service.backlog import PENDING_CAP, Backlog, channelz_reader, server_ids
 from textserve.service.config import ServerConfig
 from textserve.service.dataplane.context import ServingContext, Telemetry
 from textserve.service.drain import DrainGate
@@ -63,6 +64,7 @@ class Server:
         service_names: Sequence[str],
         coordinator: Coordinator | None = None,
         gate: DrainGate | None = None,
+        backlog: Backlog | None = None,
     ) -> None:
         self.config = config
         self.grpc_server = grpc_server
@@ -77,6 +79,8 @@ class Server:
         self._reuse_port = False  # --workers: the HTTP port is shared too (SO_REUSEPORT)
         self._stopping = False
         self.gate = gate or DrainGate()  # the drain's first step (service/drain.py)
+        # the calls grpc holds for the event loop, refused once too old (service/backlog.py)
+        self.backlog = backlog or Backlog(None)
         # --workers: the link to the supervisor, awaited before SERVING (it says when every
         # worker is warm) and told each readiness state (the supervisor's /readyz)
         self.coordinator = coordinator
@@ -117,6 +121,7 @@ class Server:
 
     async def _listen(self) -> None:
         await self.grpc_server.start()
+        self.backlog.start(asyncio.get_running_loop())
         if self.coordinator is None:
             logger.info(
                 "listening on %s (gRPC); loading models from %s",
@@ -183,6 +188,7 @@ class Server:
         # grpc (its stop() begun by the drain, else here) refuses new calls at once and cancels
         # those still running when grace is over; HTTP answers new inference requests 503 while
         # its in-flight ones finish
+        self.backlog.stop()  # before grpc's server is gone: its counts with it
         http = None if self.http is None else self.http.server
         draining = [grpc_stopping or self.grpc_server.stop(grace)]
         if http is not None:
@@ -223,6 +229,7 @@ def create_server(
         relay=coordinator.relay if coordinator is not None else None,
     )
     gate = DrainGate(metrics)
+    before = server_ids()  # grpc's counts of this server are channelz's new one (backlog.py)
     grpc_server = grpc.aio.server(
         # authentication only (when on): a refused call is neither parsed nor served. The
         # drain's gate and the decode guard sit on each method handler (GuardedRegistrar):
@@ -235,11 +242,20 @@ def create_server(
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             # one process: a port in use is an error, not a shared listener
             ("grpc.so_reuseport", 1 if reuse_port else 0),
-            ("grpc.server.max_pending_requests", 1_000_000),
-            ("grpc.server.max_pending_requests_hard_limit", 1_000_000),
+            # The calls grpc core holds until the event loop takes them: past 1,000 (its
+            # default) grpc cancels arriving calls, CANCELLED, which nobody retries. Here a
+            # memory bound it does not reach: the backlog is refused by age first (backlog.py).
+            ("grpc.server.max_pending_requests", PENDING_CAP),
+            ("grpc.server.max_pending_requests_hard_limit", PENDING_CAP),
         ],
     )
-    registrar: Any = GuardedRegistrar(grpc_server, gate)  # a grpc.aio.Server to the services
+    backlog = Backlog(
+        config.max_backlog_wait,
+        channelz_reader(before) if config.max_backlog_wait is not None else None,
+        counter=metrics.backlog_refusals,
+    )
+    # a grpc.aio.Server to the services
+    registrar: Any = GuardedRegistrar(grpc_server, gate, backlog)
     names: list[str] = []
     for register in [*SERVICES, *extra_services]:
         names.extend(register(registrar, ctx))
@@ -254,7 +270,7 @@ def create_server(
         raise OSError(f"cannot listen on {config.listen}: {exc}") from None
     if port == 0:
         raise OSError(f"cannot listen on {config.listen} (in use, or not an address of this host)")
-    server = Server(config, grpc_server, port, ctx, health, names, coordinator, gate)
+    server = Server(config, grpc_server, port, ctx, health, names, coordinator, gate, backlog)
     server._reuse_port = reuse_port
     return server, port
 

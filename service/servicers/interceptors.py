@@ -17,7 +17,9 @@ answers UNKNOWN with the exception's class name, and in a request stream the rea
 and the call hangs until its deadline. The guard wraps each method's deserializer so a
 parse failure becomes a marker, and wraps the method so the marker is answered with
 INVALID_ARGUMENT naming the method: a client error, reported as one. The same wrapper holds a
-call that comes once the drain's gate is closed until the drain lets it run (service/drain.py).
+call that comes once the drain's gate is closed until the drain lets it run (service/drain.py),
+counts the calls it runs for grpc's backlog (service/backlog.py) and answers RESOURCE_EXHAUSTED
+to a call that waited in grpc longer than --max-backlog-wait-ms.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -34,6 +36,9 @@ from textserve.connect import read_tokens
 from textserve.service.config import SecurityConfig
 from textserve.service.errors import ValidationError
 from textserve.service.tokens import TokenSet, bearer_token
+
+if TYPE_CHECKING:
+    from textserve.service.backlog import Backlog
 
 logger = logging.getLogger(__name__)
 
@@ -199,23 +204,58 @@ class _Open:
         return True
 
 
-async def _check(method: str, request: Any, context: grpc.aio.ServicerContext, gate: Gate) -> None:
-    """The guard's slow path: while the gate is closed, hold the call until the drain lets it
-    run (UNAVAILABLE when it may not); then INVALID_ARGUMENT for a message that did not parse."""
+class _Uncounted:
+    """The backlog of a guard without one (or of a call never refused for its age: health,
+    reflection): counted, nothing refused."""
+
+    def __init__(self) -> None:
+        self.in_app = 0
+        self.entries = 0
+        self.shed_until = -1
+        self.message = ""
+
+    def refuse(self) -> None:  # pragma: no cover - shed_until is never reached
+        pass
+
+
+async def _check(
+    method: str, request: Any, context: grpc.aio.ServicerContext, gate: Gate, shed: Any
+) -> None:
+    """The guard's slow path: RESOURCE_EXHAUSTED for a call that waited too long in grpc
+    (`shed`: its backlog, else None); while the gate is closed, hold the call until the drain
+    lets it run (UNAVAILABLE when it may not); then INVALID_ARGUMENT for a message that did not
+    parse."""
+    if shed is not None:
+        shed.refuse()
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, shed.message)
     if gate.closed and not await gate.hold():
         await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
     if isinstance(request, Undecodable):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _message(method, request.reason))
 
 
-def _guard_unary(method: str, behavior: Callable[..., Any], gate: Gate) -> Callable[..., Any]:
+def _taken(backlog: Any, sheddable: bool) -> Any:
+    """Count a call the loop took from grpc (running until the caller's `finally` counts it
+    out): its backlog when it is among those to refuse for their wait in grpc, else None."""
+    backlog.in_app += 1
+    backlog.entries += 1
+    return backlog if sheddable and backlog.entries <= backlog.shed_until else None
+
+
+def _guard_unary(
+    method: str, behavior: Callable[..., Any], gate: Gate, backlog: Any, sheddable: bool
+) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(behavior):
 
         async def guarded_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if gate.closed or isinstance(request, Undecodable):
-                await _check(method, request, context, gate)
-            async for response in behavior(request, context):
-                yield response
+            shed = _taken(backlog, sheddable)
+            try:
+                if shed is not None or gate.closed or isinstance(request, Undecodable):
+                    await _check(method, request, context, gate, shed)
+                async for response in behavior(request, context):
+                    yield response
+            finally:
+                backlog.in_app -= 1
 
         return guarded_stream
 
@@ -226,12 +266,17 @@ def _guard_unary(method: str, behavior: Callable[..., Any], gate: Gate) -> Calla
             result = plain(request, context)
             return await result if inspect.isawaitable(result) else result
 
-    # The hot path of every unary call: one attribute read and one isinstance before the
-    # servicer (measured: the interceptor chain this replaces cost two coroutines per call).
+    # The hot path of every unary call: the backlog's counts (_taken), one attribute read and
+    # one isinstance before the servicer (measured: the interceptor chain this replaces cost
+    # two coroutines per call).
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if gate.closed or isinstance(request, Undecodable):
-            await _check(method, request, context, gate)
-        return await behavior(request, context)
+        shed = _taken(backlog, sheddable)
+        try:
+            if shed is not None or gate.closed or isinstance(request, Undecodable):
+                await _check(method, request, context, gate, shed)
+            return await behavior(request, context)
+        finally:
+            backlog.in_app -= 1
 
     return guarded
 
@@ -245,65 +290,87 @@ async def _checked_messages(method: str, requests: AsyncIterator[Any]) -> AsyncI
         index += 1
 
 
-def _guard_streaming(method: str, behavior: Callable[..., Any], gate: Gate) -> Callable[..., Any]:
+def _guard_streaming(
+    method: str, behavior: Callable[..., Any], gate: Gate, backlog: Any, sheddable: bool
+) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(behavior):
 
         async def guarded_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            if gate.closed:
-                await _check(method, None, context, gate)
+            shed = _taken(backlog, sheddable)
             try:
-                async for response in behavior(_checked_messages(method, requests), context):
-                    yield response
-            except UndecodableMessageError as exc:  # the servicer let it through: answer it
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                if shed is not None or gate.closed:
+                    await _check(method, None, context, gate, shed)
+                try:
+                    async for response in behavior(_checked_messages(method, requests), context):
+                        yield response
+                except UndecodableMessageError as exc:  # the servicer let it through: answer it
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            finally:
+                backlog.in_app -= 1
 
         return guarded_stream
 
     async def guarded(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        if gate.closed:
-            await _check(method, None, context, gate)
+        shed = _taken(backlog, sheddable)
         try:
-            result = behavior(_checked_messages(method, requests), context)
-            return await result if inspect.isawaitable(result) else result
-        except UndecodableMessageError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            if shed is not None or gate.closed:
+                await _check(method, None, context, gate, shed)
+            try:
+                result = behavior(_checked_messages(method, requests), context)
+                return await result if inspect.isawaitable(result) else result
+            except UndecodableMessageError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            backlog.in_app -= 1
 
     return guarded
 
 
 def guard(
-    method: str, handler: grpc.RpcMethodHandler, gate: Gate | None = None
+    method: str,
+    handler: grpc.RpcMethodHandler,
+    gate: Gate | None = None,
+    backlog: Backlog | None = None,
 ) -> grpc.RpcMethodHandler:
     """`handler` with a deserializer that cannot raise, a behaviour that answers an
     undecodable message with INVALID_ARGUMENT and, once `gate` is closed (the drain), holds
-    every new call until the drain lets it run (or refuses it UNAVAILABLE: DRAINING_MESSAGE)."""
+    every new call until the drain lets it run (or refuses it UNAVAILABLE: DRAINING_MESSAGE).
+    With `backlog` (service/backlog.py) each call is counted while it runs, and a call among
+    those that waited too long in grpc is answered RESOURCE_EXHAUSTED before it runs (never
+    a health check or reflection: they answer as long as the server does)."""
     gate = gate or _Open()
+    sheddable = True
     if method.startswith(DRAIN_OPEN_SERVICES):
         gate = _Open()  # health says NOT_SERVING itself while draining; reflection is harmless
+        sheddable = False
     deserializer = handler.request_deserializer
-    if deserializer is None and isinstance(gate, _Open):  # raw bytes in: nothing to guard
+    if deserializer is None and isinstance(gate, _Open) and backlog is None:  # raw bytes in
         return handler
+    counted: Any = _Uncounted() if backlog is None else backlog
     safe = deserializer if deserializer is None else safe_deserializer(deserializer)
     serializer = handler.response_serializer
     if handler.request_streaming and handler.response_streaming:
-        behavior = _guard_streaming(method, handler.stream_stream, gate)
+        behavior = _guard_streaming(method, handler.stream_stream, gate, counted, sheddable)
         return grpc.stream_stream_rpc_method_handler(behavior, safe, serializer)
     if handler.request_streaming:
-        behavior = _guard_streaming(method, handler.stream_unary, gate)
+        behavior = _guard_streaming(method, handler.stream_unary, gate, counted, sheddable)
         return grpc.stream_unary_rpc_method_handler(behavior, safe, serializer)
     if handler.response_streaming:
-        behavior = _guard_unary(method, handler.unary_stream, gate)
+        behavior = _guard_unary(method, handler.unary_stream, gate, counted, sheddable)
         return grpc.unary_stream_rpc_method_handler(behavior, safe, serializer)
-    behavior = _guard_unary(method, handler.unary_unary, gate)
+    behavior = _guard_unary(method, handler.unary_unary, gate, counted, sheddable)
     return grpc.unary_unary_rpc_method_handler(behavior, safe, serializer)
 
 
 class _GuardedGeneric(grpc.GenericRpcHandler):
     """A generic handler whose method handlers come out guarded (built once per method)."""
 
-    def __init__(self, inner: grpc.GenericRpcHandler, gate: Gate) -> None:
+    def __init__(
+        self, inner: grpc.GenericRpcHandler, gate: Gate, backlog: Backlog | None = None
+    ) -> None:
         self._inner = inner
         self._gate = gate
+        self._backlog = backlog
         self._cache: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     def service(
@@ -316,29 +383,33 @@ class _GuardedGeneric(grpc.GenericRpcHandler):
         cached = self._cache.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        guarded = guard(method, handler, self._gate)
+        guarded = guard(method, handler, self._gate, self._backlog)
         self._cache[method] = (handler, guarded)
         return guarded
 
 
 class GuardedRegistrar:
     """The grpc server as the services' register functions see it: every method handler they
-    add is guarded (`guard`: undecodable messages, the drain's gate) once, when it is added,
+    add is guarded (`guard`: undecodable messages, the drain's gate, grpc's backlog) once, when
+    it is added,
     instead of by an interceptor on every call (an interceptor costs each call a coroutine and
     a continuation; this, one check in the wrapper the guard needs anyway). Everything else is
     the server's own.
 
-        registrar = GuardedRegistrar(grpc_server, gate)
+        registrar = GuardedRegistrar(grpc_server, gate, backlog)
         pb_grpc.add_ClassifierServicer_to_server(servicer, registrar)
     """
 
-    def __init__(self, server: grpc.aio.Server, gate: Gate | None = None) -> None:
+    def __init__(
+        self, server: grpc.aio.Server, gate: Gate | None = None, backlog: Backlog | None = None
+    ) -> None:
         self._server = server
         self._gate = gate or _Open()
+        self._backlog = backlog
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         self._server.add_generic_rpc_handlers(
-            tuple(_GuardedGeneric(handler, self._gate) for handler in handlers)
+            tuple(_GuardedGeneric(handler, self._gate, self._backlog) for handler in handlers)
         )
 
     def add_registered_method_handlers(
@@ -346,7 +417,10 @@ class GuardedRegistrar:
     ) -> None:
         self._server.add_registered_method_handlers(
             service,
-            {name: guard(f"/{service}/{name}", h, self._gate) for name, h in handlers.items()},
+            {
+                name: guard(f"/{service}/{name}", h, self._gate, self._backlog)
+                for name, h in handlers.items()
+            },
         )
 
     def __getattr__(self, name: str) -> Any:

@@ -1,0 +1,221 @@
+"""grpc core's backlog: the calls grpc has received that the asyncio server has not taken yet,
+and the server's own admission of them by time, so that grpc never has to shed them.
+
+grpc.aio asks grpc core for the next call of each method only once its event loop has taken
+the previous one (one request outstanding per method, re-armed by the loop); what arrives
+meanwhile waits in grpc core, many calls when the loop is busy (the workers' loops on two
+shared cores at a hot reload, a load generator on the same cores). grpcio 1.85 sheds that
+backlog itself, with the one status nobody retries (src/core/server/server.cc,
+RealRequestMatcher, the filter-stack path the chttp2 transport and the aio server use):
+
+- past `grpc.server.max_pending_requests` (1,000 calls) an arriving call is dropped with a
+  probability that reaches 1 at `grpc.server.max_pending_requests_hard_limit` (3,000)
+  (MatchOrQueue, experiment `optimization_04`, on by default): `FailCallCreation()`, and its
+  caller sees CANCELLED (only the promise-based path answers RESOURCE_EXHAUSTED "Too many
+  pending requests for this server");
+- a call older than `grpc.server_max_unrequested_time_in_server` (30 s) is dropped, likewise
+  CANCELLED, when the loop next asks for a call.
+
+Neither reaches a handler, a metric or a log line. So the server (service/server.py) sets
+grpc's count to PENDING_CAP, a memory bound it does not reach (about 16 KiB a held call,
+measured), and sheds the backlog itself, by time: a call that waited in grpc core longer than
+`--max-backlog-wait-ms` is answered RESOURCE_EXHAUSTED (retryable, counted in
+`textserve_backlog_refusals_total`) as soon as the loop takes it, which costs the loop less
+than serving it, so the backlog drains instead of growing until grpc cancels it.
+
+How long calls waited is counted, not guessed: grpc core counts each call it starts and ends
+(channelz: `callsStarted`, `callsSucceeded + callsFailed`), the guard on every method handler
+counts the calls it runs (`in_app`). Calls started but neither ended nor running are the
+backlog. A sampler thread (it runs while the loop is stuck) records grpc's started count every
+INTERVAL; the calls started before now - max_wait, less those already taken (ended + running),
+waited longer than max_wait at least (a count, whatever the order grpc hands them over in),
+and the guard refuses that many of the next calls it takes (`shed_until`, compared with its
+own count of calls taken, `entries`).
+
+    backlog = Backlog(max_wait=1.0, read=reader)       # reader: channelz_reader(ids_before)
+    backlog.start(loop)                                # the sampler thread and the loop's beat
+    # the guard, per call: backlog.in_app += 1; backlog.entries += 1 ... refuse while
+    # backlog.entries <= backlog.shed_until ... finally: backlog.in_app -= 1
+    backlog.stop()
+
+A call grpc dropped itself (past its own caps above, or a stream that failed before its call
+was taken) is started and never ends: it would count as waiting forever, and the guard would
+refuse as many later calls. When the loop is running (its beat fresh) and took no call for two
+intervals, grpc holds none it could hand over: what the counts still show is such dead calls
+(`phantom`), left out from then on. Until such a quiet moment, the calls grpc dropped after a
+flood past PENDING_CAP or its 30 s limit (calls faster than the loop can even refuse them, or a
+loop stuck for 30 s) make the guard refuse as many calls again whenever fewer than that many
+arrived within max_wait (retryable, counted).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
+
+logger = logging.getLogger(__name__)
+
+# grpc core's own cap on the calls it holds for the loop (both its soft and hard limit: a plain
+# cap, no random early drops). Above it grpc cancels arriving calls (CANCELLED): it is a memory
+# bound, reached only when calls come faster than the loop can even refuse them for seconds.
+# About 16 KiB of RSS a held call (measured: 20,000 held, +308 MiB): ~160 MiB at the cap.
+PENDING_CAP = 10_000
+INTERVAL = 0.05  # seconds between two samples of grpc's counts
+REFUSAL_MESSAGE = (
+    "the server is overloaded: calls waited longer than {ms:.0f} ms in grpc before it could take "
+    "them; retry later, with backoff"
+)
+
+Reader = Callable[[], tuple[int, int]]  # () -> (calls started, calls ended) by grpc core
+
+
+def _server_ids() -> set[int]:
+    from grpc._cython import cygrpc  # channelz: grpc core's own counts (no public Python API)
+
+    servers = json.loads(cygrpc.channelz_get_servers(0)).get("server", [])
+    return {int(s["ref"]["serverId"]) for s in servers}
+
+
+def server_ids() -> set[int]:
+    """The channelz ids of the grpc servers of this process (empty when channelz is off)."""
+    try:
+        return _server_ids()
+    except Exception:  # grpc without channelz, or a changed private API
+        logger.debug("channelz is not available", exc_info=True)
+        return set()
+
+
+def channelz_reader(before: set[int]) -> Reader | None:
+    """The counts of the one grpc server created since `before` (server_ids() taken just before
+    grpc.aio.server()); None when there is not exactly one (channelz off, another thread)."""
+    new = server_ids() - before
+    if len(new) != 1:
+        logger.warning(
+            "grpc's backlog cannot be measured (channelz shows %d new servers): calls grpc holds "
+            "are not refused by age (--max-backlog-wait-ms)",
+            len(new),
+        )
+        return None
+    from grpc._cython import cygrpc
+
+    server_id = new.pop()
+
+    def read() -> tuple[int, int]:
+        data: dict[str, Any] = json.loads(cygrpc.channelz_get_server(server_id))["server"]
+        data = data.get("data", {})
+        ended = int(data.get("callsSucceeded", 0)) + int(data.get("callsFailed", 0))
+        return int(data.get("callsStarted", 0)), ended
+
+    return read
+
+
+class Backlog:
+    """grpc's backlog as counts, and how many of the next calls the guard refuses. `in_app`,
+    `entries`, `refused` and `beat` are written on the event loop only, `shed_until` by the
+    sampler only (single int stores: no lock)."""
+
+    def __init__(
+        self,
+        max_wait: float | None,
+        read: Reader | None = None,
+        *,
+        counter: Any = None,
+        interval: float = INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_wait = max_wait if read is not None else None  # None: nothing refused
+        self.message = REFUSAL_MESSAGE.format(ms=(max_wait or 0) * 1e3)
+        self.in_app = 0  # calls the guard runs now
+        self.entries = 0  # calls the guard has taken, ever
+        self.shed_until = 0  # the guard refuses a call while entries <= shed_until
+        self.refused = 0
+        self.beat = clock()  # when the loop last ran its heartbeat
+        self._read = read
+        self._counter = counter
+        self._interval = interval
+        self._clock = clock
+        self._history: collections.deque[tuple[float, int]] = collections.deque()
+        self._phantom = 0  # calls grpc started that will never end nor be taken
+        self._last: tuple[int, int, bool] | None = None  # (started, taken, loop alive) before
+        self._quiet = 0  # consecutive samples without a call taken while the loop ran
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._beat_handle: asyncio.TimerHandle | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.max_wait is not None
+
+    def refuse(self) -> None:
+        """Count one call refused (the guard answers it)."""
+        self.refused += 1
+        if self._counter is not None:
+            self._counter.inc()
+
+    def sample(self, now: float | None = None) -> int:
+        """Read grpc's counts once and set shed_until; the number of calls to refuse (those
+        that waited more than max_wait and are not taken yet)."""
+        if self._read is None or self.max_wait is None:
+            return 0
+        now = self._clock() if now is None else now
+        started, ended = self._read()
+        in_app, entries = self.in_app, self.entries
+        taken = ended + in_app
+        alive = now - self.beat < 2 * self._interval
+        if self._last is not None:
+            last_started, last_taken, last_alive = self._last
+            self._quiet = self._quiet + 1 if taken == last_taken and alive and last_alive else 0
+            if self._quiet >= 2:  # the loop ran and took nothing: grpc holds no live call
+                self._phantom = max(self._phantom, last_started - taken)
+        self._phantom = max(0, min(self._phantom, started - taken))
+        self._last = (started, taken, alive)
+        history = self._history
+        history.append((now, started))
+        cutoff = now - self.max_wait
+        while len(history) > 1 and history[1][0] <= cutoff:
+            history.popleft()
+        if history[0][0] > cutoff:
+            return 0  # not sampling for max_wait yet
+        # history[0]: grpc's started count at the last sample at or before the cutoff
+        excess = history[0][1] - self._phantom - taken
+        if excess > 0:
+            self.shed_until = entries + excess
+        return max(0, excess)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The sampler thread and the loop's heartbeat (nothing when off)."""
+        if not self.on or self._thread is not None:
+            return
+
+        def beat() -> None:
+            self.beat = self._clock()
+            self._beat_handle = loop.call_later(self._interval, beat)
+
+        beat()
+        self._thread = threading.Thread(target=self._run, name="grpc-backlog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.sample()
+            except Exception as exc:  # a broken read must not end the sampling in silence
+                if not self._stop.is_set():
+                    logger.warning("reading grpc's backlog failed (%s): no refusal by age", exc)
+                self.max_wait = None
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._beat_handle is not None:
+            self._beat_handle.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

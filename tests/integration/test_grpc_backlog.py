@@ -1,0 +1,102 @@
+"""Calls grpc holds for a busy event loop are answered by the server, never cancelled by grpc.
+
+grpc.aio takes calls from grpc core one at a time per method; while the server's event loop is
+busy (here: blocked for BLOCK s, as a hot reload or a load generator on the same cores slows
+it), what arrives waits in grpc core. grpcio 1.85 cancels such calls itself past 1,000 held
+(`grpc.server.max_pending_requests`, a random early drop up to 3,000): its callers see
+CANCELLED, which nobody retries, and no handler, metric or log line sees them. The server
+raises grpc's cap to a memory bound and refuses, RESOURCE_EXHAUSTED (retryable, counted), the
+calls that waited in grpc longer than --max-backlog-wait-ms (service/backlog.py).
+
+A real server (create_server on 127.0.0.1:0) and real grpc.aio clients over four connections
+(the soak's load generator in miniature), in a thread of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc
+
+from tests.serving import RunningServer, running_server
+from textserve.service.backlog import REFUSAL_MESSAGE
+from textserve.service.config import ServerConfig
+from textserve.v1 import classifier_pb2 as pb
+from textserve.v1 import classifier_pb2_grpc as pb_grpc
+
+CALLS = 3000  # arriving while the loop is blocked: over grpc's default cap of 1,000 held calls
+BLOCK = 3.5  # seconds the server's event loop is blocked (time.sleep: the client still runs)
+CONNECTIONS = 4
+AFTER = 20  # calls sent one after another once every call above is answered
+
+
+def _send_while_blocked(srv: RunningServer) -> tuple[Counter[str], list[str]]:
+    """Block the server's loop, send CALLS calls meanwhile, wait for every answer, then send
+    AFTER calls one by one: the status of each (and the distinct messages)."""
+    codes: Counter[str] = Counter()
+    messages: set[str] = set()
+
+    async def client() -> None:
+        channels = [
+            grpc.aio.insecure_channel(srv.address, options=[("backlog.test", i)])
+            for i in range(CONNECTIONS)
+        ]
+        stubs = [pb_grpc.ClassifierStub(channel) for channel in channels]
+        for stub in stubs:  # connected before the loop blocks
+            await stub.Classify(pb.ClassifyRequest(texts=["warm"]), timeout=30)
+
+        async def one(i: int) -> None:
+            try:
+                request = pb.ClassifyRequest(texts=["a good film"])
+                await stubs[i % CONNECTIONS].Classify(request, timeout=60)
+                codes["OK"] += 1
+            except grpc.aio.AioRpcError as exc:
+                codes[exc.code().name] += 1
+                messages.add(exc.details() or "")
+
+        srv.loop.call_soon_threadsafe(time.sleep, BLOCK)  # the server's loop: busy
+        await asyncio.gather(*(one(i) for i in range(CALLS)))
+        for i in range(AFTER):  # the loop free again: nothing waits, nothing is refused
+            await one(i)
+        for channel in channels:
+            await channel.close()
+
+    thread = threading.Thread(target=lambda: asyncio.run(client()), daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    return codes, sorted(messages)
+
+
+def test_calls_held_for_a_busy_loop_are_refused_by_age_never_cancelled(
+    tiny_repository: Path,
+) -> None:
+    with running_server(tiny_repository) as srv:  # --max-backlog-wait-ms 2000, the default
+        codes, messages = _send_while_blocked(srv)
+        refused = srv.metrics.registry.get_sample_value("textserve_backlog_refusals_total")
+        assert srv.server.backlog.in_app == 0  # every call the guard ran is counted out
+    print(f"\n{CALLS} calls during a {BLOCK:g} s block: {dict(codes)}; {messages}")
+    assert codes["CANCELLED"] == 0, (codes, messages)
+    assert sum(codes.values()) == CALLS + AFTER
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, (codes, messages)
+    # the calls that waited longer than the bound are refused, retryable, and counted; the
+    # server takes calls again at once (no call refused that did not wait)
+    assert refused is not None and 0 < refused <= CALLS
+    assert REFUSAL_MESSAGE.format(ms=ServerConfig().max_backlog_wait * 1e3) in messages
+    assert codes["OK"] >= AFTER
+
+
+def test_with_refusal_by_age_off_grpc_still_cancels_none(tiny_repository: Path) -> None:
+    """grpc's own cap is what cancelled: off by age, the held calls are all taken and answered
+    (served, or refused by --max-concurrent-rpcs), none CANCELLED."""
+    with running_server(tiny_repository, max_backlog_wait=None) as srv:
+        codes, messages = _send_while_blocked(srv)
+        refused = srv.metrics.registry.get_sample_value("textserve_backlog_refusals_total")
+    print(f"\n{CALLS} calls during a {BLOCK:g} s block, no refusal by age: {dict(codes)}")
+    assert codes["CANCELLED"] == 0, (codes, messages)
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, (codes, messages)
+    assert refused == 0
