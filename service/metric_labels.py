@@ -175,17 +175,3 @@ def reason_for_code(code: str) -> str:
     if code == "OK":
         raise ValueError("OK is not a failure")
     return _REASON_BY_CODE.get(code, "other")
-
-
-def padding_ratio(lengths: Sequence[int], padded_length: int | None = None) -> float:
-    """Padded tokens wasted / all tokens of a batch: ``padding_ratio([3, 5]) == 0.2``.
-
-    ``padded_length`` defaults to the longest item (padding to the longest in the batch).
-    """
-    if not lengths:
-        return 0.0
-    width = max(lengths) if padded_length is None else padded_length
-    if width < max(lengths) or min(lengths) < 0:
-        raise ValueError(f"padded length {width} is shorter than an item of {lengths}")
-    total = len(lengths) * width
-    return 0.0 if total == 0 else 1.0 - sum(lengths) / total

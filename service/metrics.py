@@ -49,7 +49,6 @@ from textserve.service.metric_labels import (
     PADDING_RATIO_BUCKETS,
     SPAN_DROP_REASONS,
     UNKNOWN_MODEL,
-    padding_ratio,
     reason_for_code,
 )
 from textserve.service.metrics_server import (
@@ -85,7 +84,6 @@ __all__ = [
     "MetricsServer",
     "PredictionMetrics",
     "multiprocess",
-    "padding_ratio",
     "reason_for_code",
     "start_metrics_server",
 ]

@@ -182,11 +182,17 @@ class Batcher(Generic[P]):
         ]
 
     def pause(self) -> None:
-        """Hold batches back (items keep queueing) until resume(); for tests and maintenance."""
+        """Hold batches back (items keep queueing) until resume() or flush().
+
+        No serving path pauses. It is kept because it is the deterministic way to queue work
+        before a batch starts: the batcher's, runner's and repository's tests pause, submit,
+        wait for the queue depth, then resume, instead of racing the batch delay.
+        """
         assert self._resumed is not None, "start() first"
         self._resumed.clear()
 
     def resume(self) -> None:
+        """Let batches go again after pause(); flush() resumes too, so a drain is never held."""
         assert self._resumed is not None, "start() first"
         self._resumed.set()
 

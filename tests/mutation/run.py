@@ -36,7 +36,13 @@ D = U + "dataplane/"
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "batcher": (
         ["service/engine/batcher.py", "service/engine/queue.py"],
-        [U + "engine/test_batcher.py", U + "engine/test_queue.py"],
+        [
+            *(
+                U + f"engine/test_batcher_{part}.py"
+                for part in ("batching", "deadlines", "overload", "lifecycle", "observation")
+            ),
+            U + "engine/test_queue.py",
+        ],
     ),
     "oip_codec": (["service/dataplane/oip_codec.py"], [D + "test_oip_codec.py"]),
     "status": (

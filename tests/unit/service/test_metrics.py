@@ -16,7 +16,6 @@ from textserve.service.metrics import (
     METHODS,
     UNKNOWN_MODEL,
     Metrics,
-    padding_ratio,
     reason_for_code,
     start_metrics_server,
 )
@@ -214,15 +213,6 @@ def test_every_latency_histogram_exposes_the_46_buckets(metrics: Metrics) -> Non
     expected = {str(float(b)) for b in LATENCY_BUCKETS} | {"+Inf"}
     assert len(expected) == 47
     assert all(found == expected for found in bounds.values()), bounds
-
-
-def test_padding_ratio() -> None:
-    assert padding_ratio([3, 5]) == pytest.approx(0.2)
-    assert padding_ratio([4, 4, 4]) == 0.0
-    assert padding_ratio([2], padded_length=8) == 0.75
-    assert padding_ratio([]) == 0.0
-    with pytest.raises(ValueError, match="shorter"):
-        padding_ratio([9], padded_length=8)
 
 
 def test_default_registry_exposes_process_metrics() -> None:
