@@ -64,6 +64,10 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path, installed: Path) -> 
                    "bench/runner.py", "oip/grpc_service_pb2.py", "v1/classifier_pb2.py",
                    "client.py", "tokenization.py"):  # fmt: skip
         assert f"textserve/{module}" in names
+    # one-off experiments stay in the checkout (experiments/), not in what users install
+    assert not [
+        name for name in names if "http_server_choice" in name or "observability_cost" in name
+    ]
     # what `pip install` put on the import path: textserve, its metadata (and bin/textserve)
     placed = {p.name for p in installed.iterdir() if not p.name.endswith(".dist-info")}
     assert placed - {"bin"} == {"textserve"}

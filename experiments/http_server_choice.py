@@ -3,7 +3,7 @@ uvicorn + httptools (the bare ASGI app of service/http/app.py) against aiohttp's
 server running the same app, each in the serving process's own event loop beside grpc.aio,
 driven by perf_analyzer -i http (KServe v2 REST infer, one text per request).
 
-    python -m textserve.bench.http_server_choice --repository models --model default \\
+    python experiments/http_server_choice.py --repository models --model default \\
         --texts texts.jsonl --requests 2000 --concurrency 8
 
 Prints one line per candidate: requests, server CPU seconds (this process: the event loop,

@@ -1,4 +1,4 @@
-"""`python -m textserve.bench.observability_cost`: the CPU time observing one request costs,
+"""`python experiments/observability_cost.py`: the CPU time observing one request costs,
 for each observability setting, measured in process on the request-observation path itself.
 
 Each setting runs the same request observation as the servers' front ends (status.observed:

@@ -2,7 +2,7 @@
 # The 16-core CPU measurement, one command: `textserve serve --workers 1,2,4,8` (a server each,
 # in turn, CPU provider) under perf_analyzer (NVIDIA's C++ load generator, over the Open
 # Inference Protocol) at 64, 128 and 256 callers; target: 8 workers >= 5x one.
-#   bench/cpu_workers_check.sh [REPOSITORY] [MODEL]
+#   experiments/cpu_workers_check.sh [REPOSITORY] [MODEL]
 # Defaults: the fp32 model bench/gpu_check.sh exported. perf_analyzer itself is set up by
 # `python -m textserve.bench.perf_analyzer --setup-only` (it downloads the tritonclient wheel:
 # run that where a package index is reachable and bring .tools/ along).
