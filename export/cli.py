@@ -20,6 +20,7 @@ status: 0 published, 1 a check failed (nothing published), 2 bad input.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,12 +87,22 @@ def run(args: argparse.Namespace) -> int:
         version_dir = _export(args, opts)
     except CheckFailed as exc:
         # A model that fails a check is a result, not a usage error: exit 1, not 2.
-        print(f"textserve export: {exc}; nothing was published", file=sys.stderr)
+        print(f"textserve export: {one_line(str(exc))}; nothing was published", file=sys.stderr)
         return 1
     except ExportError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(one_line(str(exc))) from None
     _report(version_dir, args.json)
     return 0
+
+
+def one_line(message: str) -> str:
+    """The message as one line, its control characters escaped: a name it quotes (a folder's,
+    a file's, a library's message) never starts a second line of stderr or forges one."""
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), message)
+
+
+# C0, DEL, C1 and the line and paragraph separators
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _export(args: argparse.Namespace, opts: options.ExportOptions) -> Path:

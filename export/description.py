@@ -40,7 +40,8 @@ class Description:
     # kind, architecture, model_type; kind "textserve" (a TransformerClassifier) has its own graph
     # forms (padding-free, --exporter): export/transforms.py's write_graph
     source: dict[str, Any]
-    vocab_size: int
+    vocab_size: int  # the input embedding's rows: every token id must be below it
+    labels_origin: str = "labels"  # where the labels were read, for a message refusing one
     type_vocab_size: int = 0  # token_type_ids take values below this (inputs has it when > 1)
     truncation_side: str = "right"  # which end of an over-long text is cut
     split: Split | None = None  # scored into test_accuracy; None: no test split

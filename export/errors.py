@@ -21,3 +21,10 @@ class CheckFailed(ExportError):
         self.check = check
         self.figure = figure
         self.limit = limit
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line of ours: its first line (a library's message may go
+    on for lines, a traceback among them), or its type's name where it says nothing."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

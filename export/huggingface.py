@@ -9,8 +9,11 @@ max_position_embeddings less the position offset (RoBERTa-family: pad_token_id +
 tokenizer_config.json's model_max_length and --max-length; graph inputs in forward()'s order.
 A decoder classifier (Qwen2, Llama, …: export/decoders.py) is scored at its last non-pad token:
 its pad id is config.pad_token_id, else decided from the tokenizer and set there.
-Remote code runs only with --trust-remote-code. A checkpoint must hold every weight the model
-needs, of its shape, and nothing else (transformers would fill a gap with random values).
+Remote code runs only with --trust-remote-code. Every file is checked before a library reads
+it (export/folders.py) and config.json's values before transformers builds from them
+(export/config_values.py): a broken folder is one line naming the file. A checkpoint must hold
+every weight the model needs, of its shape, and nothing else (transformers would fill a gap with
+random values: export/loading.py).
 A token classifier (…ForTokenClassification: named entities, PII spans) gives logits per token,
 (batch, sequence, labels), softmax per token; its label scheme and its tokenizer's character
 offsets are checked here (export/tagging.py).
@@ -19,19 +22,19 @@ offsets are checked here (export/tagging.py).
 from __future__ import annotations
 
 import inspect
-import json
 import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from textserve.artifact import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
-from textserve.export import decoders, tagging
+from textserve.export import decoders, tagging, vetting
+from textserve.export.config_values import check_config
 from textserve.export.description import Description
-from textserve.export.errors import ExportError
-from textserve.export.folders import HF_WEIGHTS, check_huggingface_files
+from textserve.export.errors import ExportError, first_line
+from textserve.export.folders import HF_WEIGHTS, check_huggingface_files, read_json_object
+from textserve.export.loading import load_checked
 from textserve.export.options import ExportOptions
 from textserve.tokenization import load_tokenizer
 
@@ -82,25 +85,17 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
     """ExportError (exit 2) for a folder textserve cannot export, saying what to do."""
     check_huggingface_files(folder)
     transformers = _import_transformers()
-    config_path = folder / "config.json"
-    raw = json.loads(config_path.read_text(encoding="utf-8"))
-    task = task_of(raw)
-    _check_remote_code(folder, raw, opts, task)
-    _check_architecture(folder, raw)
-    try:
-        config = transformers.AutoConfig.from_pretrained(
-            folder, trust_remote_code=opts.trust_remote_code, local_files_only=True
-        )
-    except (ValueError, KeyError, OSError) as exc:
-        raise ExportError(f"{config_path}: transformers cannot read it: {_first(exc)}") from None
+    config, task = _read_config(transformers, folder, opts)
     model = _load_model(transformers, folder, config, opts, task)
     tokenizer = _load_tokenizer(transformers, folder, opts)
+    labels_origin = f"{folder / 'config.json'}'s id2label"
     labels = _labels(config, model, folder)
+    vetting.check_labels(labels, labels_origin)  # before the tagging scheme is read from them
     inputs = graph_inputs(model.forward, getattr(config, "type_vocab_size", 0))
     length = max_length(config, tokenizer.model_max_length, opts.max_length, folder)
     tags = None
     if task == TOKEN_CLASSIFICATION:
-        tags = tagging.tagging_defaults(labels, length, f"{config_path}'s id2label")
+        tags = tagging.tagging_defaults(labels, length, labels_origin)
         tagging.check_offsets(load_tokenizer(folder / "tokenizer.json"), str(folder))
     unk = tokenizer.unk_token_id
     notes: dict[str, Any] = {}  # the manifest's extra: a decoder's pad decision
@@ -113,7 +108,7 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
             unk = None
     else:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
-    if pad is None:
+    if pad is None or pad < 0:
         raise ExportError(
             f"{folder}: neither the tokenizer nor config.json names a pad token; set "
             "tokenizer.pad_token (e.g. to its eos token) and save_pretrained again"
@@ -123,6 +118,7 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
         model=_Logits(model).eval(),
         inputs=inputs,
         labels=labels,
+        labels_origin=labels_origin,
         activation=activation(config, len(labels), folder, opts.activation, task),
         max_length=length,
         pad_token_id=int(pad),
@@ -134,7 +130,7 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
             "architecture": type(model).__name__,
             "model_type": model_type,
         },
-        vocab_size=int(config.vocab_size),
+        vocab_size=_embedding_rows(model, config),
         type_vocab_size=int(getattr(config, "type_vocab_size", 0) or 0),
         truncation_side=opts.truncation_side,
         folder=folder,
@@ -146,6 +142,30 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
         task=task,
         tagging=tags,
     )
+
+
+def _read_config(transformers: Any, folder: Path, opts: ExportOptions) -> tuple[Any, str]:
+    """The folder's config as transformers reads it, and its task; ExportError naming the field
+    of config.json that no classifier could be built from."""
+    config_path = folder / "config.json"
+    raw = read_json_object(config_path)
+    check_config(raw, config_path)
+    task = task_of(raw)
+    _check_remote_code(folder, raw, opts, task)
+    _check_architecture(folder, raw)
+    from huggingface_hub.errors import StrictDataclassError  # its config classes' field checks
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            folder, trust_remote_code=opts.trust_remote_code, local_files_only=True
+        )
+    except (ValueError, KeyError, TypeError, OSError, StrictDataclassError) as exc:
+        # a strict field's error says which field on its first line and what is wrong on its last
+        said = str(exc).split("\n")[-1].strip() if isinstance(exc, StrictDataclassError) else ""
+        raise ExportError(
+            f"{config_path}: transformers cannot read it: {said or first_line(exc)}"
+        ) from None
+    return config, task
 
 
 def task_of(raw: dict[str, Any]) -> str:
@@ -238,80 +258,6 @@ def max_length(config: Any, tokenizer_max: Any, cap: int | None, folder: Path) -
     return length
 
 
-def check_loading(folder: Path, model: Any, info: dict[str, Any]) -> None:
-    """ExportError unless the checkpoint gave the model every weight it needs, each of its
-    shape, and nothing else. from_pretrained fills a missing or mis-shaped weight with random
-    values (every parity check then compares against that same random model, and each export
-    publishes another one) and drops a weight it has no place for (a renamed head).
-
-        model, info = auto.from_pretrained(folder, output_loading_info=True,
-                                           ignore_mismatched_sizes=True)
-        check_loading(folder, model, info)
-
-    transformers has already struck from `info` the tied weights it filled from their source
-    and the keys the model class declares ignorable (old checkpoints' position_ids).
-    """
-    _check_shapes(folder, info.get("mismatched_keys") or ())
-    missing = sorted(info.get("missing_keys") or ())
-    # a key naming one of the model's non-persistent buffers (an old checkpoint's
-    # token_type_ids) is rebuilt by the model itself, not drawn at random: harmless
-    buffers = {name for name, _ in model.named_buffers()}
-    unexpected = sorted(set(info.get("unexpected_keys") or ()) - buffers)
-    problems = []
-    if missing:
-        problems.append(
-            f"lacks {_weights(len(missing))} the model needs ({_names(missing)}), which "
-            "transformers would fill with random values"
-        )
-    if unexpected:
-        problems.append(
-            f"holds {_weights(len(unexpected))} the model has no place for ({_names(unexpected)}), "
-            "which transformers would drop"
-        )
-    if problems:
-        raise ExportError(
-            f"{folder}: the checkpoint {', and '.join(problems)}: refusing (save_pretrained the "
-            "fine-tuned model with its config.json)"
-        )
-    errors = info.get("error_msgs") or []
-    if errors:
-        raise ExportError(f"{folder}: transformers cannot load the weights: {_first(errors[0])}")
-
-
-# how many key names a refusal lists: enough to tell a lost head from a lost layer
-_NAMED_KEYS = 3
-
-
-def _check_shapes(folder: Path, mismatched: Any) -> None:
-    """Refuse weights of another shape than the model's; a classifier of another width is
-    config.json's labels disagreeing with the checkpoint, and said so."""
-    found = sorted((key, list(saved), list(wanted)) for key, saved, wanted in mismatched)
-    for key, saved, wanted in found:
-        if key in ("classifier.weight", "classifier.out_proj.weight") and saved[0] != wanted[0]:
-            raise ExportError(
-                f"{folder}/config.json's id2label has {wanted[0]} labels, the classifier gives "
-                f"{saved[0]} logits"
-            )
-    if found:
-        key, saved, wanted = found[0]
-        others = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise ExportError(
-            f"{folder}: the checkpoint's {key} is {saved}, config.json's model needs {wanted}"
-            f"{others}; transformers would fill {'them' if others else 'it'} with random values: "
-            "refusing"
-        )
-
-
-def _weights(count: int) -> str:
-    return f"{count} weight{'s' if count != 1 else ''}"
-
-
-def _names(keys: list[str]) -> str:
-    if len(keys) <= _NAMED_KEYS + 1:
-        return ", ".join(keys)
-    return ", ".join(keys[:_NAMED_KEYS]) + f", ... {len(keys) - _NAMED_KEYS} more"
-
-
 def _import_transformers() -> Any:
     try:
         import transformers
@@ -353,32 +299,8 @@ def _load_model(
     transformers: Any, folder: Path, config: Any, opts: ExportOptions, task: str
 ) -> Any:
     auto = getattr(transformers, f"AutoModel{HEADS[task]}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model, info = auto.from_pretrained(
-                folder,
-                config=config,
-                trust_remote_code=opts.trust_remote_code,
-                local_files_only=True,
-                # eager attention: the one every architecture exports through torch.onnx as traced
-                attn_implementation="eager",
-                # a weight of the wrong shape comes back in the loading info, refused by name
-                # below, instead of as an error pointing at a report we silenced
-                ignore_mismatched_sizes=True,
-                output_loading_info=True,
-            )
-    except ValueError as exc:
-        if "Unrecognized configuration class" in str(exc):
-            kind = "token" if task == TOKEN_CLASSIFICATION else "sequence"
-            raise ExportError(
-                f"{folder}: transformers has no {kind} classifier for model_type "
-                f"{getattr(config, 'model_type', None)!r}"
-            ) from None
-        raise ExportError(f"{folder}: transformers cannot load the model: {_first(exc)}") from None
-    except (RuntimeError, OSError) as exc:
-        raise ExportError(f"{folder}: transformers cannot load the model: {_first(exc)}") from None
-    check_loading(folder, model, info)
+    kind = "token" if task == TOKEN_CLASSIFICATION else "sequence"
+    model = load_checked(auto, folder, config, f"{kind} classifier", opts.trust_remote_code)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     return model.eval()
@@ -389,9 +311,9 @@ def _load_tokenizer(transformers: Any, folder: Path, opts: ExportOptions) -> Any
         tokenizer = transformers.AutoTokenizer.from_pretrained(
             folder, trust_remote_code=opts.trust_remote_code, local_files_only=True
         )
-    except (ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
         raise ExportError(
-            f"{folder}: transformers cannot load the tokenizer: {_first(exc)}"
+            f"{folder}: transformers cannot load the tokenizer: {first_line(exc)}"
         ) from None
     if not getattr(tokenizer, "is_fast", False):
         raise ExportError(f"{folder}: the tokenizer is not a fast (tokenizer.json) one")
@@ -402,23 +324,41 @@ def _load_tokenizer(transformers: Any, folder: Path, opts: ExportOptions) -> Any
 def _labels(config: Any, model: Any, folder: Path) -> list[str]:
     """Label names in logit order: id2label, LABEL_i where an index has none; ExportError when
     config.json's labels and the classifier's width disagree."""
-    width = _logits_width(model)
+    width = _logits_width(model, folder)
     id2label = {int(k): str(v) for k, v in (getattr(config, "id2label", None) or {}).items()}
-    if width is not None and id2label and max(id2label) >= width:
+    if id2label and len(id2label) > width:
         raise ExportError(
             f"{folder}/config.json's id2label has {len(id2label)} labels, the classifier gives "
             f"{width} logits"
         )
-    n = width if width is not None else int(config.num_labels)
-    return [id2label.get(i, f"LABEL_{i}") for i in range(n)]
+    if id2label and max(id2label) >= width:
+        raise ExportError(
+            f"{folder}/config.json's id2label names label {max(id2label)}, the classifier gives "
+            f"{width} logits (labels 0 to {width - 1})"
+        )
+    return [id2label.get(i, f"LABEL_{i}") for i in range(width)]
 
 
-def _logits_width(model: Any) -> int | None:
+def _logits_width(model: Any, folder: Path) -> int:
     """The classifier's output width, from a forward pass on one short text."""
-    ids = torch.tensor([[1, 2, 3]])
-    with torch.inference_mode():
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    ids = torch.tensor([[1, 2, 3]]).clamp(max=_embedding_rows(model, None) - 1)
+    try:
+        with torch.inference_mode():
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    except (RuntimeError, IndexError, ValueError) as exc:
+        raise ExportError(
+            f"{folder}: the model fails on a three-token input: {first_line(exc)}"
+        ) from None
     return int(logits.shape[-1])
+
+
+def _embedding_rows(model: Any, config: Any) -> int:
+    """How many token ids the model's input embedding has rows for (config.vocab_size where
+    the model does not say)."""
+    try:
+        return int(model.get_input_embeddings().num_embeddings)
+    except (AttributeError, NotImplementedError):
+        return int(getattr(config, "vocab_size", None) or model.config.vocab_size)
 
 
 def _attention_shape(config: Any) -> tuple[int, int]:
@@ -426,8 +366,3 @@ def _attention_shape(config: Any) -> tuple[int, int]:
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", 0)
     hidden = getattr(config, "hidden_size", None) or getattr(config, "dim", 0)
     return int(heads or 0), int(hidden or 0)
-
-
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

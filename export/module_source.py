@@ -75,6 +75,7 @@ def load_module(
         model=model,
         inputs=["input_ids", "attention_mask"],
         labels=list(labels),
+        labels_origin="--labels",
         activation=activation,
         max_length=opts.max_length,
         pad_token_id=pad,

@@ -5,7 +5,8 @@
     >>> export_source(PathSource(Path("my-bert")), "models", "my-bert", opts)  # doctest: +SKIP
 
 Every source (a training run, a Hugging Face folder, a --module factory: export/sources.py)
-yields one `Description`, and every description takes the same road: write the graph (the
+yields one `Description`, and every description takes the same road: vet its labels and
+tokenizer (export/vetting.py), write the graph (the
 source's exporter: TorchScript or dynamo, dynamic batch and sequence axes), check it
 (onnx.checker, the graph contract, parity with PyTorch at several shapes; for a Hugging Face
 folder also tokenization parity with its AutoTokenizer and served-score parity with its
@@ -33,7 +34,7 @@ import onnxruntime as ort
 import torch
 
 from textserve.artifact import MODEL_FILE, TOKENIZER_FILE, Manifest, Source, sha256_file
-from textserve.export import checks, gates, token_checks, transforms
+from textserve.export import checks, gates, token_checks, transforms, vetting
 from textserve.export.checks import Encoder, Feed
 from textserve.export.description import Description
 from textserve.export.gates import Built, Job
@@ -62,6 +63,8 @@ def export_source(
     opts = dataclasses.replace(options or ExportOptions(), **changes)
     check_name(name)  # before the source is looked at: a bad name is the cheaper mistake
     description = source.describe(opts)
+    vetting.check_labels(description.labels, description.labels_origin)
+    vetting.check_vocabulary(description.tokenizer_file, description.vocab_size)
     model_dir = Path(repository) / name
     with staged_version(model_dir) as tmp:
         work = tmp / ".work"

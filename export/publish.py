@@ -94,7 +94,10 @@ def publish(tmp: Path, model_dir: Path, manifest: Manifest) -> Path:
         except ManifestError as exc:
             raise ExportError(str(exc)) from None
         final = dataclasses.replace(manifest, version=version)
-        final.check()
+        try:
+            final.check()  # what the exporter publishes is what the server accepts
+        except ManifestError as exc:
+            raise ExportError(f"the manifest would not pass its schema: {exc}") from None
         final.write(tmp)
         _fsync_tree(tmp)
         # mkdtemp makes the directory 0700; a version must be readable like any other model

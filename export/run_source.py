@@ -25,6 +25,7 @@ def describe_run(run_dir: str | Path, options: ExportOptions) -> Description:
         model=run.model,
         inputs=list(INPUT_NAMES),
         labels=list(run.labels),
+        labels_origin=f"{run.run_dir}/labels.json",
         activation="softmax",
         max_length=run.max_length,
         pad_token_id=run.pad_token_id,

@@ -94,6 +94,14 @@ class RunStats(NamedTuple):
     seconds: float  # the run's duration
 
 
+@dataclass(frozen=True)
+class Timings:
+    queue_seconds: float  # longest wait of any of the texts before its batch started
+    tokenize_seconds: float  # tokenization of the batches that carried the texts (the longest)
+    inference_seconds: float  # summed run time of those batches, less the tokenization
+    total_seconds: float  # from the call to its answer
+
+
 class BatchOutput(NamedTuple):
     """What a `run_batch` that does more than run the model once returns."""
 

@@ -24,6 +24,7 @@ from textserve.artifact import Manifest
 from textserve.service.config import BatcherConfig
 from textserve.service.engine.batcher import Batcher
 from textserve.service.engine.batches import BatchOutput, BatchResult, BatchStats, BatchTrace
+from textserve.service.engine.batches import Timings as Timings  # (its home: batches.py)
 from textserve.service.engine.cache import Hit, VersionCache
 from textserve.service.engine.inference import Cut, TextItem
 from textserve.service.engine.inference import (
@@ -48,14 +49,6 @@ logger = logging.getLogger(__name__)
 # (BPE, English); a text needs over 32 characters per token (long runs of whitespace, control or
 # other characters the normalizer drops) before the cut changes what the model sees.
 MAX_CHARS_PER_TOKEN = 32
-
-
-@dataclass(frozen=True)
-class Timings:
-    queue_seconds: float  # longest wait of any of the texts before its batch started
-    tokenize_seconds: float  # tokenization of the batches that carried the texts (the longest)
-    inference_seconds: float  # summed run time of those batches, less the tokenization
-    total_seconds: float  # from the call to its answer
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-from textserve.service.engine.batches import BatchOutput, RunStats
+from textserve.service.engine.batches import BatchOutput, RunStats, Timings
 from textserve.service.engine.inference import (
     WARMUP_TEXT,
     ModelCheckError,
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
 
     from textserve.artifact import Manifest
-    from textserve.service.engine.handle import Timings
     from textserve.service.engine.runtime import Session
     from textserve.tokenization import Tokenization
 

@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 from textserve.export import huggingface as hf
+from textserve.export import loading
 from textserve.export.errors import ExportError
 
 HERE = Path("folder")
@@ -86,8 +87,8 @@ def info(**kw: object) -> dict[str, object]:
 
 
 def test_a_complete_load_and_a_saved_buffer_pass() -> None:
-    hf.check_loading(HERE, Loaded(), info())
-    hf.check_loading(HERE, Loaded(), info(unexpected_keys={"bert.embeddings.token_type_ids"}))
+    loading.check_loading(HERE, Loaded(), info())
+    loading.check_loading(HERE, Loaded(), info(unexpected_keys={"bert.embeddings.token_type_ids"}))
 
 
 @pytest.mark.parametrize(
@@ -110,5 +111,5 @@ def test_an_incomplete_load_is_refused_naming_the_weights(
     report: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ExportError) as refused:
-        hf.check_loading(HERE, Loaded(), report)
+        loading.check_loading(HERE, Loaded(), report)
     assert message in str(refused.value) and "\n" not in str(refused.value)
