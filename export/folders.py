@@ -92,8 +92,9 @@ def kind_of(source: Path) -> str:
 
 def roots(folder: Path) -> list[Path]:
     """Where the files of `folder` may lie: the folder itself and, for a snapshot of the Hugging
-    Face cache (hub/models--org--name/snapshots/<revision>/, every file a symlink to
-    ../../blobs/<hash>), that repository's own blobs folder: the same model's files."""
+    Face cache (hub/models--org--name/snapshots/<revision>/, every file a relative symlink into
+    the blobs folder beside snapshots/), that repository's own blobs folder: the same model's
+    files."""
     root = folder.resolve()
     blobs = root.parent.parent / "blobs"
     if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):

@@ -418,7 +418,8 @@ def test_an_error_pointing_at_transformers_report_names_what_it_reports(
 
 def hub_snapshot(complete: Path, root: Path) -> Path:
     """`complete` laid out as the Hugging Face cache keeps a download: every file of
-    hub/models--org--name/snapshots/<revision>/ a relative symlink to ../../blobs/<hash>."""
+    hub/models--org--name/snapshots/<revision>/ a relative symlink into the
+    blobs folder beside snapshots/."""
     repo = root / "hub" / "models--org--name"
     snapshot = repo / "snapshots" / "0123abcd"
     (repo / "blobs").mkdir(parents=True)
