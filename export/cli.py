@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from textserve.artifact import shown
 from textserve.cli import CliError, env_flag
 from textserve.export import options
 
@@ -128,6 +129,14 @@ def _source(args: argparse.Namespace) -> ExportSource:
     return PathSource(args.source)
 
 
+def nli_summary(labels: list[str], zero_shot: dict[str, int | None]) -> str:
+    """An NLI model's zero-shot labels for the summary: "entailment label 0 'entailment',
+    contradiction label 2 'contradiction'"."""
+    found = [(k, i) for k in ("entailment", "contradiction") if (i := zero_shot[k]) is not None]
+    said = ", ".join(f"{kind} label {i} {shown(labels[i])}" for kind, i in found)
+    return said if len(found) == 2 else f"{said}, no contradiction label (no multi_label)"
+
+
 def _report(version_dir: Path, as_json: bool) -> None:
     from textserve.artifact import MODEL_FILE, Manifest
 
@@ -157,6 +166,8 @@ def _report(version_dir: Path, as_json: bool) -> None:
             f"  token classification: {tags['scheme']} labels, aggregation {tags['aggregation']}, "
             f"ignoring {', '.join(tags['ignore_labels']) or 'no label'}, stride {tags['stride']}"
         )
+    if manifest.zero_shot is not None:
+        print(f"  zero-shot (NLI): {nli_summary(manifest.labels, manifest.zero_shot)}")
     quant = manifest.extra.get("quantization") or manifest.extra.get("fp16")
     if quant and "fp32_test_accuracy" in quant and manifest.test_accuracy is not None:
         print(

@@ -55,6 +55,8 @@ class Description:
     # softmax per token; `tagging`: the manifest's defaults: export/tagging.py)
     task: str = SEQUENCE_CLASSIFICATION
     tagging: dict[str, Any] | None = None
+    # an NLI model's entailment and contradiction label indexes (textserve.nli): the manifest's
+    zero_shot: dict[str, int | None] | None = None
 
     @property
     def per_token(self) -> bool:

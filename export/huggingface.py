@@ -17,6 +17,9 @@ random values: export/loading.py).
 A token classifier (…ForTokenClassification: named entities, PII spans) gives logits per token,
 (batch, sequence, labels), softmax per token; its label scheme and its tokenizer's character
 offsets are checked here (export/tagging.py).
+A sequence classifier whose id2label names an entailment class (an NLI model: textserve.nli) has
+its entailment and contradiction label indexes recorded for zero-shot; two labels of one class
+are refused.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from textserve.export.errors import ExportError, first_line
 from textserve.export.folders import HF_WEIGHTS, check_huggingface_files, read_json_object
 from textserve.export.loading import load_checked
 from textserve.export.options import ExportOptions
+from textserve.nli import AmbiguousLabels, nli_labels
 from textserve.tokenization import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -93,10 +97,12 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
     vetting.check_labels(labels, labels_origin)  # before the tagging scheme is read from them
     inputs = graph_inputs(model.forward, getattr(config, "type_vocab_size", 0))
     length = max_length(config, tokenizer.model_max_length, opts.max_length, folder)
-    tags = None
+    tags, zero_shot = None, None
     if task == TOKEN_CLASSIFICATION:
         tags = tagging.tagging_defaults(labels, length, labels_origin)
         tagging.check_offsets(load_tokenizer(folder / "tokenizer.json"), str(folder))
+    else:
+        zero_shot = nli_indexes(labels, labels_origin)
     unk = tokenizer.unk_token_id
     notes: dict[str, Any] = {}  # the manifest's extra: a decoder's pad decision
     if decoders.pools_last_token(model):
@@ -141,7 +147,17 @@ def load_folder(folder: Path, opts: ExportOptions) -> Description:
         notes=notes,
         task=task,
         tagging=tags,
+        zero_shot=zero_shot,
     )
+
+
+def nli_indexes(labels: list[str], where: str) -> dict[str, int | None] | None:
+    """The manifest's zero_shot: an NLI model's entailment and contradiction label indexes
+    (textserve.nli), None for other models; ExportError for two labels of one class."""
+    try:
+        return nli_labels(labels)
+    except AmbiguousLabels as exc:
+        raise ExportError(f"{where}: {exc}") from None
 
 
 def _read_config(transformers: Any, folder: Path, opts: ExportOptions) -> tuple[Any, str]:

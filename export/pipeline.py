@@ -113,6 +113,7 @@ def manifest(description: Description, built: Built, name: str, folder: Path) ->
         truncation_side=description.truncation_side,
         task=description.task,
         tagging=description.tagging,
+        zero_shot=description.zero_shot,
     )
 
 

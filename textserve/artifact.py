@@ -30,6 +30,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from textserve.nli import zero_shot_problem
+
 MANIFEST_FILE = "manifest.json"
 MODEL_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
@@ -50,7 +52,7 @@ UNK_BY_NAME = -1
 # Fields format 2 added: a format 1 manifest that has one is refused (it would be misread).
 V2_FIELDS = (
     "source", "inputs", "activation", "threshold", "unk_token_id", "truncation_side", "task",
-    "tagging",
+    "tagging", "zero_shot",
 )  # fmt: skip
 SEQUENCE_CLASSIFICATION = "sequence-classification"  # one row of logits per text
 TOKEN_CLASSIFICATION = "token-classification"  # one row per token: entities (tagging.py)
@@ -222,6 +224,7 @@ class Manifest:
     task: str = SEQUENCE_CLASSIFICATION  # or TOKEN_CLASSIFICATION
     # a token classifier's defaults: scheme, aggregation, ignore_labels, stride (schema)
     tagging: dict[str, Any] | None = None
+    zero_shot: dict[str, int | None] | None = None  # an NLI model's label indexes (textserve.nli)
 
     @property
     def tags_tokens(self) -> bool:  # a token classifier: entities per text
@@ -244,6 +247,8 @@ class Manifest:
             del data["unk_token_id"]
         if self.task == SEQUENCE_CLASSIFICATION and self.tagging is None:
             del data["task"], data["tagging"]  # a classifier's manifest as before tagging came
+        if self.zero_shot is None:
+            del data["zero_shot"]
         if self.format_version == 1:
             for name in V2_FIELDS:
                 data.pop(name, None)
@@ -299,11 +304,7 @@ def open_version(version_dir: Path) -> tuple[Manifest, dict[str, bytes], Verifie
         manifest = directory.manifest()
         model = directory.verified(MODEL_FILE, manifest.sha256[MODEL_FILE])
         try:
-            files = {
-                fname: directory.checked(fname, manifest)
-                for fname in CONTRACT_FILES
-                if fname != MODEL_FILE
-            }
+            files = {f: directory.checked(f, manifest) for f in CONTRACT_FILES if f != MODEL_FILE}
         except BaseException:
             model.close()
             raise
@@ -455,10 +456,7 @@ class VerifiedFile:
     def __init__(
         self, fd: int, where: Path, identity: tuple[int, ...], sha256: str | None = None
     ) -> None:
-        self.fd = fd
-        self.where = where
-        self._identity = identity
-        self._sha256 = sha256
+        self.fd, self.where, self._identity, self._sha256 = fd, where, identity, sha256
 
     @property
     def path(self) -> Path:
@@ -531,7 +529,7 @@ def _check_format(data: dict[str, Any], source: str) -> None:
 
 def _check_meaning(data: dict[str, Any], source: str) -> None:
     """What the schema does not say: a regression model (activation none) has one output; a
-    token classifier, and only it, has tagging defaults (and a softmax over its labels)."""
+    token classifier, and only it, has tagging defaults (softmax); zero_shot names two labels."""
     tags = data.get("task") == TOKEN_CLASSIFICATION
     if tags != (data.get("tagging") is not None) or (tags and data["activation"] != "softmax"):
         raise ManifestError(
@@ -543,6 +541,8 @@ def _check_meaning(data: dict[str, Any], source: str) -> None:
             f"{source}: activation 'none' (regression, one raw score) takes exactly one label, "
             f"the manifest has {len(data['labels'])}"
         )
+    if (problem := zero_shot_problem(data.get("zero_shot"), len(data["labels"]))) is not None:
+        raise ManifestError(f"{source}: {problem}")
 
 
 def _error_order(error: Any) -> tuple[int, str]:

@@ -6,7 +6,9 @@ by a natural-language-inference (NLI) model, as transformers' zero-shot pipeline
 
 Each (text, candidate label) becomes the sentence pair (text, hypothesis_template with the
 label in it), classified like any pair: the same batches, queue bound and metrics. From the
-NLI model's logits (its labels name an entailment and, for multi-label, a contradiction class):
+NLI model's logits, at the entailment and (multi-label) contradiction label indexes its export
+recorded in the manifest's `zero_shot` (textserve.nli; a version exported before they were
+recorded has its labels searched by the same rule instead):
 single-label, a softmax over the candidates of their entailment logits (the scores sum to 1);
 multi-label, each candidate on its own, a softmax over its (contradiction, entailment) logits.
 """
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from textserve.artifact import shown
+from textserve.nli import AmbiguousLabels, nli_labels
 from textserve.service.dataplane.classify import Classification, ClassifyCall, classify, timing
 from textserve.service.errors import ValidationError
 from textserve.v1 import classifier_pb2 as pb
@@ -67,16 +71,36 @@ def hypotheses(call: ZeroShotCall) -> list[str]:
 
 
 def nli_columns(handle: ModelHandle, multi_label: bool) -> tuple[int, int]:
-    """(entailment, contradiction) label indexes of an NLI model; ValidationError otherwise."""
-    names = [label.lower() for label in handle.labels]
-    entail = [i for i, name in enumerate(names) if name.startswith("entail")]
-    contra = [i for i, name in enumerate(names) if name.startswith("contradict")]
-    if len(entail) != 1 or (multi_label and len(contra) != 1):
+    """(entailment, contradiction) label indexes of an NLI model, as its manifest's `zero_shot`
+    records them (contradiction -1: none). A manifest without one (a version exported before
+    the export recorded them) has its labels searched by the export's rule (textserve.nli).
+    ValidationError for a model that is no NLI model, or has no contradiction label for
+    multi_label."""
+    recorded = handle.manifest.zero_shot
+    if recorded is None:  # exported before the export recorded it: zero-shot as served then
+        try:
+            recorded = nli_labels(handle.labels)
+        except AmbiguousLabels:
+            recorded = None
+    columns = recorded or {}
+    entail, contra = columns.get("entailment"), columns.get("contradiction")
+    if entail is None:
         raise ValidationError(
-            f"model {handle.name!r} is no NLI model (labels {', '.join(handle.labels)}): "
-            "zero-shot needs one 'entailment' label (and a 'contradiction' one for multi_label)"
+            f"model {shown(handle.name)} was not exported as an NLI model: no entailment label "
+            f"in its manifest (labels {_some(handle.labels)}); zero-shot needs an NLI model"
         )
-    return entail[0], contra[0] if contra else -1
+    if multi_label and contra is None:
+        raise ValidationError(
+            f"model {shown(handle.name)} has no contradiction label in its manifest (labels "
+            f"{_some(handle.labels)}): multi_label needs one; send multi_label false"
+        )
+    return entail, -1 if contra is None else contra
+
+
+def _some(labels: Sequence[str], most: int = 8) -> str:
+    """The first labels of a model, for a message (a model may have thousands)."""
+    listed = ", ".join(shown(label, limit=40) for label in labels[:most])
+    return listed if len(labels) <= most else f"{listed}, … ({len(labels)} in all)"
 
 
 async def zero_shot(

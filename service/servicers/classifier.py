@@ -116,6 +116,7 @@ def model_contract(handle: ModelHandle) -> dict[str, Any]:
         "truncation_side": manifest.truncation_side,
         "task": manifest.task,
         **_tagging(manifest.tagging),
+        **_zero_shot(manifest.zero_shot),
     }
 
 
@@ -128,6 +129,13 @@ def _tagging(tagging: dict[str, Any] | None) -> dict[str, Any]:
         "ignore_labels": tagging["ignore_labels"],
     }
     return fields if tagging["stride"] is None else {**fields, "stride": tagging["stride"]}
+
+
+def _zero_shot(zero_shot: dict[str, int | None] | None) -> dict[str, int]:
+    """An NLI model's recorded label indexes as ModelInfo's entailment_label and
+    contradiction_label (each unset when not recorded)."""
+    names = {"entailment": "entailment_label", "contradiction": "contradiction_label"}
+    return {names[k]: i for k, i in (zero_shot or {}).items() if i is not None}
 
 
 class ClassifierServicer(pb_grpc.ClassifierServicer):

@@ -394,5 +394,5 @@ def test_a_model_no_operation_can_use_runs_nothing(running: RunningServer, serve
     assert post(server, "/v1/rerank", body).status_code == 400
     zero_shot = {"model": "classifier", "texts": ["a text"], "candidate_labels": ["a", "b"]}
     refused = post(server, "/v1/zero-shot", zero_shot)
-    assert refused.status_code == 400 and "no NLI model" in refused.json()["error"]
+    assert refused.status_code == 400 and "not exported as an NLI model" in refused.json()["error"]
     assert batched() == before

@@ -61,6 +61,7 @@ class VersionInfo:
             "truncation_side": m.truncation_side if m else None,
             "task": m.task if m else None,
             "tagging": m.tagging if m else None,
+            "zero_shot": m.zero_shot if m else None,
             "status": self.status,
         }
 

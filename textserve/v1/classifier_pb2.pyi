@@ -363,7 +363,7 @@ class BatchingStats(_message.Message):
     def __init__(self, batches: _Optional[int] = ..., items: _Optional[int] = ..., mean_batch_size: _Optional[float] = ..., max_batch_size_seen: _Optional[int] = ..., dropped_deadline: _Optional[int] = ..., dropped_cancelled: _Optional[int] = ..., rejected_overloaded: _Optional[int] = ..., queue_depth: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_queue_delay_seconds: _Optional[float] = ..., max_queue_size: _Optional[int] = ..., padded_tokens: _Optional[int] = ..., padding_tokens: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "state", "labels", "max_length", "execution_provider", "precision", "versions", "batching", "is_default", "test_accuracy", "created_at", "source_kind", "architecture", "model_type", "activation", "inputs", "threshold", "truncation_side", "task", "label_scheme", "aggregation", "ignore_labels", "stride")
+    __slots__ = ("name", "version", "state", "labels", "max_length", "execution_provider", "precision", "versions", "batching", "is_default", "test_accuracy", "created_at", "source_kind", "architecture", "model_type", "activation", "inputs", "threshold", "truncation_side", "task", "label_scheme", "aggregation", "ignore_labels", "stride", "entailment_label", "contradiction_label")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -388,6 +388,8 @@ class ModelInfo(_message.Message):
     AGGREGATION_FIELD_NUMBER: _ClassVar[int]
     IGNORE_LABELS_FIELD_NUMBER: _ClassVar[int]
     STRIDE_FIELD_NUMBER: _ClassVar[int]
+    ENTAILMENT_LABEL_FIELD_NUMBER: _ClassVar[int]
+    CONTRADICTION_LABEL_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     state: ModelState
@@ -412,4 +414,6 @@ class ModelInfo(_message.Message):
     aggregation: str
     ignore_labels: _containers.RepeatedScalarFieldContainer[str]
     stride: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., labels: _Optional[_Iterable[str]] = ..., max_length: _Optional[int] = ..., execution_provider: _Optional[str] = ..., precision: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[VersionStatus, _Mapping]]] = ..., batching: _Optional[_Union[BatchingStats, _Mapping]] = ..., is_default: _Optional[bool] = ..., test_accuracy: _Optional[float] = ..., created_at: _Optional[str] = ..., source_kind: _Optional[str] = ..., architecture: _Optional[str] = ..., model_type: _Optional[str] = ..., activation: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., truncation_side: _Optional[str] = ..., task: _Optional[str] = ..., label_scheme: _Optional[str] = ..., aggregation: _Optional[str] = ..., ignore_labels: _Optional[_Iterable[str]] = ..., stride: _Optional[int] = ...) -> None: ...
+    entailment_label: int
+    contradiction_label: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., labels: _Optional[_Iterable[str]] = ..., max_length: _Optional[int] = ..., execution_provider: _Optional[str] = ..., precision: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[VersionStatus, _Mapping]]] = ..., batching: _Optional[_Union[BatchingStats, _Mapping]] = ..., is_default: _Optional[bool] = ..., test_accuracy: _Optional[float] = ..., created_at: _Optional[str] = ..., source_kind: _Optional[str] = ..., architecture: _Optional[str] = ..., model_type: _Optional[str] = ..., activation: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., truncation_side: _Optional[str] = ..., task: _Optional[str] = ..., label_scheme: _Optional[str] = ..., aggregation: _Optional[str] = ..., ignore_labels: _Optional[_Iterable[str]] = ..., stride: _Optional[int] = ..., entailment_label: _Optional[int] = ..., contradiction_label: _Optional[int] = ...) -> None: ...

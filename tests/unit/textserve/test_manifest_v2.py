@@ -54,6 +54,9 @@ V2 = {
 }  # fmt: skip
 
 
+NLI = {"entailment": 1, "contradiction": 0}  # of V1's labels: "positive" entails, "negative" not
+
+
 def write_v1(version_dir: Path, **changes: Any) -> None:
     """Replace a version's manifest with a format 1 one (its files' hashes kept)."""
     sha = json.loads((version_dir / MANIFEST_FILE).read_text())["sha256"]
@@ -119,6 +122,7 @@ def test_format_2_round_trips(tmp_path: Path) -> None:
         ({"format_version": 3}, "format_version 3 is not one this server reads (1, 2)"),
         ({"format_version": "2"}, "format_version '2' is not one"),
         ({"test_accuracy": None}, "test_accuracy: None is not of type 'number'"),
+        ({"zero_shot": NLI}, "format 2 field(s) zero_shot but format_version 1"),
     ],
 )
 def test_format_1_rules(change: dict[str, Any], message: str) -> None:
@@ -140,6 +144,16 @@ def test_a_token_classifier_manifest_round_trips() -> None:
     assert Manifest.from_dict(manifest.to_dict()) == manifest
     plain = Manifest.from_dict({**V1, "sha256": sha, **V2})
     assert not plain.tags_tokens and "task" not in plain.to_dict()  # as classifiers wrote it
+
+
+def test_an_nli_manifest_round_trips() -> None:
+    sha = {"model.onnx": "0" * 64, "tokenizer.json": "0" * 64}
+    for zero_shot in (NLI, {"entailment": 0, "contradiction": None}):
+        manifest = Manifest.from_dict({**V1, "sha256": sha, **V2, "zero_shot": zero_shot})
+        assert manifest.zero_shot == zero_shot and manifest.to_dict()["zero_shot"] == zero_shot
+        assert Manifest.from_dict(manifest.to_dict()) == manifest
+    plain = Manifest.from_dict({**V1, "sha256": sha, **V2})
+    assert plain.zero_shot is None and "zero_shot" not in plain.to_dict()  # as before
 
 
 @pytest.mark.parametrize(
@@ -166,6 +180,13 @@ def test_a_token_classifier_manifest_round_trips() -> None:
         ({"tagging": TAGGING}, "and only it, has 'tagging' defaults"),
         ({"tagging": {**TAGGING, "scheme": "IOB9"}}, "tagging/scheme: 'IOB9' is not one of"),
         ({"tagging": {**TAGGING, "stride": -1}}, "tagging/stride: -1 is less than the minimum"),
+        ({"zero_shot": {"entailment": 0}}, "zero_shot: 'contradiction' is a required property"),
+        ({"zero_shot": {**NLI, "neutral": 2}}, "zero_shot: Additional properties"),
+        ({"zero_shot": {**NLI, "entailment": None}}, "zero_shot/entailment: None is not of type"),
+        ({"zero_shot": {**NLI, "entailment": -1}}, "zero_shot/entailment: -1 is less than"),
+        ({"zero_shot": {**NLI, "entailment": 2}}, "label index 2 is past the model's 2 label(s)"),
+        ({"zero_shot": {**NLI, "contradiction": 5}}, "label index 5 is past the model's 2"),
+        ({"zero_shot": {**NLI, "contradiction": 1}}, "must be two different labels"),
     ],
 )
 def test_format_2_rules(change: dict[str, Any], message: str) -> None:
