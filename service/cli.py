@@ -104,8 +104,9 @@ def _add_cuda_arguments(parser: argparse.ArgumentParser) -> None:
     flag(
         "engine",
         runtime.engine,
-        "where batches are tokenized and run: thread (in the serving process) or process "
-        "(a process per model version, off the event loop's GIL)",
+        "where batches are tokenized and run: thread (in the serving process), process (a "
+        "process per model version, off the event loop's GIL) or shared (with --workers N: "
+        "one process for every worker, merging their batches)",
         choices=ENGINES,
     )
 

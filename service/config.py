@@ -21,7 +21,8 @@ DEVICES = ("auto", "cpu", "cuda")
 ARENA_STRATEGIES = ("same-as-requested", "next-power-of-two")
 CONV_ALGO_SEARCHES = ("default", "heuristic", "exhaustive")
 IO_BINDINGS = ("auto", "on", "off")
-ENGINES = ("thread", "process")  # where a version's batches run (service/engine/remote.py)
+# Where a version's batches run (service/engine/remote.py, service/engine/hub.py).
+ENGINES = ("thread", "process", "shared")
 
 
 def usable_cpus() -> int:
@@ -171,8 +172,12 @@ class RuntimeConfig:
     # save there: measured the same); on/off force it.
     io_binding: str = "auto"
     # Where batches are tokenized and run: "thread", the serving process's inference thread;
-    # "process", a process of their own per version, off the event loop's GIL (remote.py).
+    # "process", a process of their own per version, off the event loop's GIL (remote.py);
+    # "shared", one process for every worker, merging their batches (hub.py).
     engine: str = "thread"
+    # --engine shared: the hub's socket and key, set by the supervisor for its workers.
+    engine_hub: str = ""
+    engine_hub_key: str = ""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -309,9 +314,10 @@ class ServerConfig:
             raise ConfigError(
                 f"--trace-sample-ratio must be between 0 and 1, got {self.trace_sample_ratio}"
             )
-        if self.runtime.engine == "process" and self.cache_size is not None:
+        if self.runtime.engine != "thread" and self.cache_size is not None:
             raise ConfigError(
-                "--engine process does not take --cache-size yet: the cache lives with the "
+                f"--engine {self.runtime.engine} does not take --cache-size yet: the cache lives "
+                "with the "
                 "tokenizer, in the engine process (leave one of them out)"
             )
         if self.access_log not in ("off", "json"):

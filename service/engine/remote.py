@@ -49,17 +49,53 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT = 120.0  # seconds an engine process may take to load its model
 STOP_TIMEOUT = 5.0
 
-# One payload on the pipe: (text, truncate, position, request key, pair). The request object of
-# a TextItem groups the texts of one request; it travels as a small key per batch.
-Wire = tuple[str, bool, int, int, "str | None"]
+# One payload on the pipe: (text, truncate, position, request key, pair, cut). The request
+# object of a TextItem groups the texts of one request; it travels as a small key per batch. The
+# cut is a request's own truncation (inference.Cut as a list), null for the model's.
+Wire = tuple[str, bool, int, int, "str | None", "list[Any] | None"]
 
 
 def to_wire(payloads: Sequence[TextItem]) -> list[Wire]:
     keys: dict[int, int] = {}
+    return [_wire(p, keys.setdefault(id(p.request), len(keys))) for p in payloads]
+
+
+def _wire(p: TextItem, key: int) -> Wire:
+    cut = None if p.options is None else list(p.options)  # type: ignore[call-overload]
+    return (p.text, p.truncate, p.position, key, p.pair, cut)
+
+
+def from_wire(data: bytes) -> list[TextItem]:
+    """The engine's side of to_wire: a batch's TextItems (a new request object per key)."""
+    from textserve.service.engine.inference import TextItem
+
+    requests: dict[int, object] = {}
     return [
-        (p.text, p.truncate, p.position, keys.setdefault(id(p.request), len(keys)), p.pair)
-        for p in payloads
+        TextItem(text, truncate, position, requests.setdefault(key, object()), pair, _cut(cut))
+        for text, truncate, position, key, pair, cut in json.loads(data)
     ]
+
+
+def _cut(cut: list[Any] | None) -> Any:
+    from textserve.service.engine.inference import Cut
+
+    return None if cut is None else Cut(*cut)
+
+
+def reply(
+    output: BatchOutput | None, error: Exception | None = None, merged: int = 1
+) -> list[bytes]:
+    """What the engine sends back for a batch: a JSON head (runs, failed rows, how many front
+    ends' batches ran together) and the rows' raw bytes; or the error that failed it all."""
+    if output is None:
+        return [json.dumps({"kind": "error", "error": portable(error or InternalError())}).encode()]
+    head = {
+        "kind": "ok",
+        "runs": [list(run) for run in output.runs or ()],
+        "errors": {str(row): portable(e) for row, e in (output.errors or {}).items()},
+        "merged": merged,
+    }
+    return [json.dumps(head).encode(), output.outputs.tobytes()]
 
 
 class EngineProcess:
@@ -164,14 +200,12 @@ def serve(
     """The engine process: build the version's batch function, then answer batches until told
     to stop or the pipe closes."""
     try:
-        runner = _runner(model, tokenizer_bytes, manifest, runtime, max_batch_tokens)
+        runner = runner_from_bytes(model, tokenizer_bytes, manifest, runtime, max_batch_tokens)
     except BaseException as exc:
         conn.send_bytes(f"failed {type(exc).__name__}: {exc}".encode())
         return
     del model
     conn.send_bytes(b"ready")
-    from textserve.service.engine.inference import TextItem
-
     while True:
         try:
             data = conn.recv_bytes()
@@ -179,24 +213,12 @@ def serve(
             return  # the serving process is gone
         if not data:
             return  # told to stop
-        requests: dict[int, object] = {}
-        payloads = [
-            TextItem(text, truncate, position, requests.setdefault(key, object()), pair)
-            for text, truncate, position, key, pair in json.loads(data)
-        ]
         try:
-            output = runner(payloads)
+            parts = reply(runner(from_wire(data)))
         except Exception as exc:  # the serving process fails the batch with it
-            reply = [json.dumps({"kind": "error", "error": portable(exc)}).encode()]
-        else:
-            head = {
-                "kind": "ok",
-                "runs": [list(run) for run in output.runs or ()],
-                "errors": {str(row): portable(e) for row, e in (output.errors or {}).items()},
-            }
-            reply = [json.dumps(head).encode(), output.outputs.tobytes()]
+            parts = reply(None, exc)
         try:
-            for part in reply:
+            for part in parts:
                 conn.send_bytes(part)
         except (EOFError, OSError):
             return
@@ -224,7 +246,7 @@ def rebuilt(error: Sequence[str]) -> Exception:
     return PORTABLE.get(name, InternalError)(message)
 
 
-def _runner(
+def runner_from_bytes(
     model: bytes,
     tokenizer_bytes: bytes,
     manifest: Manifest,

@@ -130,7 +130,7 @@ def load_version_dir(
                 inputs=manifest.inputs,
                 per_token=manifest.tags_tokens,
             )
-            if config.runtime.engine == "process":
+            if config.runtime.engine != "thread":
                 model_bytes = Path(model.path).read_bytes()
             model.unchanged()  # what onnxruntime read is what was hashed
         except DeviceUnavailableError:
@@ -174,17 +174,27 @@ def load_version_dir(
 def _use_engine_process(
     handle: ModelHandle, model: bytes, tokenizer: bytes, config: ServerConfig
 ) -> None:
-    """--engine process: the version's batches run in a process of their own (a token
-    classifier's stay in the worker: its rows are entities, not the pipe's arrays)."""
+    """--engine process: the version's batches run in a process of their own; --engine shared
+    under a supervisor: in the one engine process every worker feeds (with one process, as
+    --engine process). A token classifier's stay in the worker: its rows are entities."""
     if handle.tags_tokens:
         logger.info("%s: a token classifier runs in the worker, not --engine process", handle.path)
         return
     from textserve.service.engine.remote import EngineProcess
 
+    runtime = config.runtime
     try:
-        engine = EngineProcess(
-            model, tokenizer, handle.manifest, config.runtime, config.batcher.max_batch_tokens
-        )
+        if runtime.engine == "shared" and runtime.engine_hub:
+            from textserve.service.engine.hub import SharedEngine
+
+            key = bytes.fromhex(runtime.engine_hub_key)
+            engine: EngineProcess = SharedEngine(
+                runtime.engine_hub, key, model, tokenizer, handle.manifest
+            )
+        else:
+            engine = EngineProcess(
+                model, tokenizer, handle.manifest, runtime, config.batcher.max_batch_tokens
+            )
     except Exception as exc:
         handle.runner.session.close()
         raise LoadError(

@@ -37,7 +37,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -140,6 +140,7 @@ class Supervisor:
         self._codes: list[int] = []
         self._metrics: Any = None
         self._metrics_server: Any = None
+        self._hub: Any = None  # --engine shared: engine/hub.py's HubProcess
         self.address = ""
         self.metrics_port: int | None = None
         # Liveness: a Ping this often; a worker past its startup that has said nothing for
@@ -162,7 +163,9 @@ class Supervisor:
                 self.metrics_dir = directory
                 private = self._start_metrics(directory)
                 http = None if http_port is None or private is None else (http_port, private)
-                self.worker_config = worker_config(self.config, port, self.count, http)
+                self.worker_config = self._start_hub(
+                    worker_config(self.config, port, self.count, http)
+                )
                 self.address = self.worker_config.listen
                 logger.info(
                     "listening on %s (gRPC) with %d workers (%d onnxruntime threads each); "
@@ -181,6 +184,8 @@ class Supervisor:
             wake_w.close()
             if self._metrics_server is not None:
                 self._metrics_server.close()
+            if self._hub is not None:
+                self._hub.stop()
             shutil.rmtree(directory, ignore_errors=True)
         if self._fatal is not None:
             raise self._fatal
@@ -216,6 +221,35 @@ class Supervisor:
         )  # fmt: skip
         return int(private)
 
+    def _start_hub(self, config: ServerConfig) -> ServerConfig:
+        """--engine shared: start the one engine process every worker sends its batches to,
+        with the whole machine's onnxruntime threads, and tell the workers where it is."""
+        if config.runtime.engine != "shared":
+            return config
+        from textserve.service.engine.hub import HubProcess
+
+        batcher = self.config.batcher
+        limit = batcher.max_batch_size * self.count  # one batch from each worker at most
+        self._hub = HubProcess(self.config.runtime, batcher.max_batch_tokens, limit, self.log_level)
+        try:
+            self._hub.start()
+        except Exception as exc:
+            raise SupervisorError(f"--engine shared: {exc}", 1) from None
+        runtime = replace(
+            config.runtime, engine_hub=self._hub.address, engine_hub_key=self._hub.authkey.hex()
+        )
+        return replace(config, runtime=runtime)
+
+    def _watch_hub(self) -> None:
+        """A shared engine that died is started again; each worker's next batch reconnects."""
+        if self._hub is None or self._stopping is not None or self._hub.alive():
+            return
+        try:
+            self._hub.restart()
+        except Exception as exc:
+            self._fatal = SupervisorError(f"--engine shared: {exc}", 1)
+            self._stop(signal.SIGTERM)
+
     def _live_pids(self) -> list[int]:
         return [w.pid for w in self.workers if w.process is not None and w.pid]
 
@@ -230,6 +264,8 @@ class Supervisor:
                 if w.life.restart_at is not None:
                     timeout = min(timeout, max(0.0, w.life.restart_at - now))
             waitables: list[Any] = [wake]
+            if self._hub is not None and self._hub.alive():
+                waitables.append(self._hub.sentinel)
             for w in running:
                 assert w.process is not None
                 waitables.append(w.process.sentinel)
@@ -247,6 +283,7 @@ class Supervisor:
                 assert w.process is not None
                 if not w.process.is_alive():
                     self._exited(w)
+            self._watch_hub()
             self._restart_due()
             if self._stopping is None:
                 self._heartbeat(time.monotonic())
