@@ -7,11 +7,11 @@ ones are answered)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -37,14 +37,6 @@ def repository(tmp_path: Path) -> Path:
     root = tmp_path / "models"
     make_version(root, MODEL, 1, max_length=8)
     return root
-
-
-@pytest.fixture
-def closing() -> Iterator[list[Connection]]:
-    opened: list[Connection] = []
-    yield opened
-    for c in opened:
-        c.close()
 
 
 def hub_pid(server: ServerProcess) -> int:
@@ -103,17 +95,23 @@ def thread_answers(tmp_path_factory: pytest.TempPathFactory) -> list[list[float]
         return scores(classify(pb_grpc.ClassifierStub(channel), TEXTS))
 
 
+def every_worker(server: ServerProcess, stack: contextlib.ExitStack) -> list[Connection]:
+    opened = connections_to_every_worker(server.address, 2)
+    for c in opened:
+        stack.callback(c.close)
+    return opened
+
+
 def test_both_workers_answer_from_one_engine_with_merged_batches(
-    repository: Path, closing: list[Connection], thread_answers: list[list[float]]
+    repository: Path, thread_answers: list[list[float]]
 ) -> None:
     args = ("--workers", "2", "--engine", "shared", "--max-batch-size", str(CAP))
-    with serve_subprocess(repository, *args) as server:
+    with serve_subprocess(repository, *args) as server, contextlib.ExitStack() as stack:
         assert server.metrics_url is not None and server.pid is not None
         hub = hub_pid(server)
         children = {p.pid for p in psutil.Process(server.pid).children()}
         assert hub in children
-        closing += connections_to_every_worker(server.address, 2)
-        load(closing, 30, thread_answers)
+        load(every_worker(server, stack), 30, thread_answers)
         merged, runs = merged_runs(server.metrics_url)
         assert runs > 0
         assert merged > 0, f"no session run took more than one worker's batch ({runs} runs)"
@@ -123,10 +121,10 @@ def test_both_workers_answer_from_one_engine_with_merged_batches(
         assert "handmade-1 loaded (1 versions)" in server.text()
 
 
-def test_hot_reload_and_a_killed_engine(repository: Path, closing: list[Connection]) -> None:
+def test_hot_reload_and_a_killed_engine(repository: Path) -> None:
     args = ("--workers", "2", "--engine", "shared", "--poll-interval", "0.2")
-    with serve_subprocess(repository, *args) as server:
-        closing += connections_to_every_worker(server.address, 2)
+    with serve_subprocess(repository, *args) as server, contextlib.ExitStack() as stack:
+        closing = every_worker(server, stack)
         first = hub_pid(server)
         make_version(repository, MODEL, 2, max_length=8, seed=1)
         poll(lambda: all(c.version() == 2 for c in closing), "version 2 on every worker")
