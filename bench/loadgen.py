@@ -38,14 +38,62 @@ CHANNEL_OPTIONS = [
 ]
 
 
+class HttpStatusError(Exception):
+    """An HTTP answer other than 200 (the step's error code: HTTP_429, ...), or no answer
+    (HTTP_CONNECTION: the connection failed or was closed)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+ERRORS = (grpc.aio.AioRpcError, HttpStatusError, asyncio.TimeoutError)
+
+
+def error_code(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return str(exc.code().name)
+    return exc.code if isinstance(exc, HttpStatusError) else "TIMEOUT"
+
+
+@contextlib.asynccontextmanager
+async def _http_calls(target: str, path: str) -> AsyncIterator[list[Any]]:
+    """An HTTP call object (POST of a serialized JSON body, the answer read, not parsed) over a
+    pool of keep-alive connections, as many as there are requests in flight (HTTP/1.1)."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    url = f"http://{target}{path}"
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def call(payload: bytes, timeout: float) -> None:
+            limit = aiohttp.ClientTimeout(total=timeout)
+            try:
+                async with session.post(url, data=payload, headers=headers, timeout=limit) as r:
+                    await r.read()
+                    status = r.status
+            except aiohttp.ClientError:
+                raise HttpStatusError("HTTP_CONNECTION") from None
+            if status != 200:
+                raise HttpStatusError(f"HTTP_{status}")
+
+        yield [call]
+
+
 @contextlib.asynccontextmanager
 async def _calls(
     target: str, method: str, connections: int, stream: bool = False
 ) -> AsyncIterator[list[Any]]:
     """One bytes-in, bytes-out call object per connection (its own channel and connection);
-    `stream`: a bidirectional-streaming one."""
+    `stream`: a bidirectional-streaming one. A method that is an HTTP path (requests.METHODS'
+    "http"): POSTs to `target`'s HTTP port instead."""
     if connections < 1:
         raise ValueError(f"connections must be at least 1, got {connections}")
+    if method.startswith("/v1/"):
+        async with _http_calls(target, method) as calls:
+            yield calls
+        return
     options = [CHANNEL_OPTIONS]
     if connections > 1:
         options = [
@@ -141,14 +189,15 @@ async def closed_loop(
                 try:
                     await call(payload, timeout=timeout)
                     code = None
-                except grpc.aio.AioRpcError as exc:
-                    code = exc.code().name
+                except ERRORS as exc:
+                    code = error_code(exc)
                 done = clock()
                 if start <= done < end:
                     if code is None:
                         latencies.append(done - sent)
                     else:
                         errors[code] += 1
+                        raw.error_latencies.setdefault(code, []).append(done - sent)
 
         watcher = asyncio.create_task(window.watch())
         await asyncio.gather(*(caller(calls[i % len(calls)]) for i in range(concurrency)))
@@ -198,8 +247,8 @@ async def open_loop(
             try:
                 await next_call()(payload, timeout=timeout)
                 code = None
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code().name
+            except ERRORS as exc:
+                code = error_code(exc)
             finally:
                 in_flight -= 1
             done = clock()
@@ -210,6 +259,7 @@ async def open_loop(
                     latencies.append(done - scheduled)
                 else:
                     errors[code] += 1
+                    raw.error_latencies.setdefault(code, []).append(done - scheduled)
 
         watcher = asyncio.create_task(window.watch())
         tasks: set[asyncio.Task[None]] = set()

@@ -100,6 +100,7 @@ def _measure(
                 warmup=args.warmup,
                 duration=args.duration,
                 probe=probe,
+                connections=args.connections,
             )
         )
     requests = max(1, raw.requests_done)
@@ -159,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--texts", type=Path, help="JSONL with 'text' (default: runs/<model>)")
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--texts-per-request", type=int, default=1)
+    parser.add_argument(
+        "--connections", type=int, default=1, help="gRPC connections (several with --workers N)"
+    )
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=2)

@@ -20,12 +20,13 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-APIS = ("v1", "oip", "stream")
+APIS = ("v1", "oip", "stream", "http")
 # Full method names of the calls the load generator makes, per API.
 METHODS = {
     "v1": "/textserve.v1.Classifier/Classify",
     "oip": "/inference.GRPCInferenceService/ModelInfer",
     "stream": "/textserve.v1.Classifier/ClassifyStream",
+    "http": "/v1/classify",  # POST, JSON (the load generator's HTTP calls: loadgen.py)
 }
 TEST_SPLIT = "test.jsonl"
 
@@ -120,5 +121,8 @@ def build_requests(
         payloads = [_v1_request(b, model, i) for b, i in zip(batches, ids, strict=True)]
         keys = [i.encode() for i in ids]
         return RequestPool(api, METHODS[api], texts_per_request, payloads, keys)
+    if api == "http":
+        encoded = [json.dumps({"model": model, "texts": b}).encode() for b in batches]
+        return RequestPool(api, METHODS[api], texts_per_request, encoded)
     encode = _v1_request if api == "v1" else _oip_request
     return RequestPool(api, METHODS[api], texts_per_request, [encode(b, model) for b in batches])

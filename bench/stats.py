@@ -52,6 +52,8 @@ class RawStep:
     requests_done: int = 0  # successful requests completed inside the window
     texts: int = 0  # texts of those requests
     errors: Counter[str] = field(default_factory=Counter)  # gRPC code name -> count
+    # seconds from send (open loop: scheduled arrival) to each error, by code: how fast refused
+    error_latencies: dict[str, list[float]] = field(default_factory=dict)
     window_seconds: float = 0.0  # length of the measured window
     loadgen_cpu_seconds: float = 0.0  # CPU time of the load generator process(es) in the window
     not_sent: int = 0  # open loop: arrivals dropped because too many were in flight
@@ -63,6 +65,8 @@ class RawStep:
         self.requests_done += other.requests_done
         self.texts += other.texts
         self.errors.update(other.errors)
+        for code, seconds in other.error_latencies.items():
+            self.error_latencies.setdefault(code, []).extend(seconds)
         self.window_seconds = max(self.window_seconds, other.window_seconds)
         self.loadgen_cpu_seconds += other.loadgen_cpu_seconds
         self.not_sent += other.not_sent
@@ -88,6 +92,10 @@ def summarize(raw: RawStep, cpus: int) -> dict[str, Any]:
         "throughput_texts_per_s": raw.texts / window,
         "latency_ms": latency,
         "errors": dict(sorted(raw.errors.items())),
+        "error_latency_ms": {
+            code: percentiles(np.asarray(seconds, dtype=np.float64) * 1e3)
+            for code, seconds in sorted(raw.error_latencies.items())
+        },
         "not_sent": raw.not_sent,
         "loadgen": {
             "cpu_seconds": raw.loadgen_cpu_seconds,

@@ -282,7 +282,8 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "max-concurrent-rpcs",
         _text(server.max_concurrent_rpcs),
         "gRPC calls handled at once; beyond it a call is answered RESOURCE_EXHAUSTED "
-        "(retryable) as soon as the server takes it from grpc; 0: no limit",
+        "(retryable) as soon as the server takes it from grpc; HTTP inference requests the "
+        "same, each bound per process (429 with Retry-After); 0: no limit",
         type=int,
     )
     flag(

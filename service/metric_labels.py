@@ -70,6 +70,7 @@ FAILURE_REASONS: tuple[str, ...] = (
 LIMITS: tuple[str, ...] = (
     "texts_per_request",  # --max-texts-per-request
     "windows_per_request",  # the same limit, on the windows of long texts (dataplane/windows.py)
+    "concurrent_requests",  # --max-concurrent-rpcs over HTTP (gRPC's: refused by grpc.aio itself)
 )
 
 # Why a model version failed to load: the label `reason` of textserve_model_load_failures_total.

@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 # of a request timeout; a number of seconds is what curl users can write).
 TIMEOUT_HEADER = "request-timeout"
 _LOG_EVERY = 10.0  # seconds between log lines about refused requests
+# An inference route's handler (by a part of its name) -> its `method` label in the metrics.
+_METHOD_OF = (("rerank", "HttpRerank"), ("zero_shot", "HttpZeroShot"), ("tag", "HttpTag"),
+              ("infer", "HttpInfer"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ class HttpLimits:
     """What one connection and one request may take of the server (config.HttpConfig)."""
 
     max_body_bytes: int = 4 * 1024 * 1024  # --max-message-bytes, as on gRPC
+    # --max-concurrent-rpcs, as on gRPC (where grpc.aio refuses past it): inference requests
+    # being answered at once by this process; past it 429 + Retry-After at once. None: no bound.
+    max_inflight: int | None = None
 
 
 class ClientGone(Exception):
@@ -181,6 +187,8 @@ class HttpApp:
                 "UNAVAILABLE",
                 [(b"connection", b"close")],
             )
+        if route.inference and self.limits.max_inflight is not None:
+            self._bound_inflight(route, self.limits.max_inflight)
         declared = request.header("content-length")
         if (
             declared is not None
@@ -216,6 +224,22 @@ class HttpApp:
             what = f"HTTP {request.method} {route.handler.__name__}"
             status, body = error_body(exc, what, route.errors or textserve_error)
             return Response(status, body)
+
+    def _bound_inflight(self, route: Route, bound: int) -> None:
+        """Overload refused at the door, before the body is read: a request that would wait
+        behind `bound` others is answered 429 (retryable) instead of queueing for seconds."""
+        if self.inflight < bound:
+            return
+        name = route.handler.__name__
+        method = next((m for key, m in _METHOD_OF if key in name), "HttpClassify")
+        self.ctx.metrics.limit_refusals.labels(method, "concurrent_requests").inc()
+        raise Refused(
+            429,
+            f"the server is answering {bound} requests already (--max-concurrent-rpcs); "
+            "retry after a short wait",
+            "RESOURCE_EXHAUSTED",
+            [(b"retry-after", b"1")],
+        )
 
     def _note_refusal(self, path: str, problem: str) -> None:
         self._refused += 1

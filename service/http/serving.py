@@ -100,7 +100,7 @@ async def http_front_end(ctx: ServingContext, *, reuse_port: bool) -> HttpFrontE
         metrics_page, readiness = _from_supervisor(http.upstream)
     app = HttpApp(
         ctx,
-        HttpLimits(max_body_bytes=config.max_message_bytes),
+        HttpLimits(config.max_message_bytes, max_inflight=config.max_concurrent_rpcs),
         tokens=tokens,
         inference=http.inference,
         metrics_page=metrics_page,

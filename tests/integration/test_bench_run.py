@@ -88,25 +88,36 @@ def test_a_tiny_benchmark_runs_every_phase_against_real_servers(
     assert data["model"]["name"] == "tiny" and data["model"]["model_config"]["d_model"] == 32
 
 
-@pytest.mark.parametrize("api", ["v1", "oip"])
-def test_both_apis_closed_and_open_loop(api: str, tiny_repository: Path, tiny_run: Path) -> None:
+@pytest.mark.parametrize("api", ["v1", "oip", "http"])
+def test_every_api_closed_and_open_loop(api: str, tiny_repository: Path, tiny_run: Path) -> None:
     pool = build_requests(load_texts(tiny_run), api, 3, "tiny", count=16)
-    with running_server(tiny_repository) as server:
+    with running_server(tiny_repository, metrics_port=0) as server:
+        address = server.address
+        if api == "http":  # the HTTP port: /v1/classify
+            address = f"127.0.0.1:{server.server.metrics_port}"
         raw, samples = asyncio.run(
-            closed_loop(server.address, pool, 3, warmup=0.1, duration=0.4, probe=None)
+            closed_loop(address, pool, 3, warmup=0.1, duration=0.4, probe=None)
         )
         assert raw.errors == {} and raw.requests_done > 0 and samples == []
         assert raw.texts == 3 * raw.requests_done
-        raw, _ = asyncio.run(open_loop(server.address, pool, 40.0, warmup=0.1, duration=0.4))
+        raw, _ = asyncio.run(open_loop(address, pool, 40.0, warmup=0.1, duration=0.4))
         assert raw.errors == {} and raw.requests_done > 0
 
 
-def test_errors_are_counted_by_status_code(tiny_repository: Path, tiny_run: Path) -> None:
-    pool = build_requests(load_texts(tiny_run), "v1", 1, "no-such-model", count=4)
-    with running_server(tiny_repository) as server:
-        raw, _ = asyncio.run(closed_loop(server.address, pool, 2, warmup=0.0, duration=0.3))
+@pytest.mark.parametrize(("api", "code"), [("v1", "NOT_FOUND"), ("http", "HTTP_404")])
+def test_errors_are_counted_by_status_code(
+    api: str, code: str, tiny_repository: Path, tiny_run: Path
+) -> None:
+    pool = build_requests(load_texts(tiny_run), api, 1, "no-such-model", count=4)
+    with running_server(tiny_repository, metrics_port=0) as server:
+        address = server.address if api == "v1" else f"127.0.0.1:{server.server.metrics_port}"
+        raw, _ = asyncio.run(closed_loop(address, pool, 2, warmup=0.0, duration=0.3))
+        opened, _ = asyncio.run(open_loop(address, pool, 40.0, warmup=0.0, duration=0.3))
     assert raw.requests_done == 0 and raw.latencies == []
-    assert set(raw.errors) == {"NOT_FOUND"} and raw.errors["NOT_FOUND"] > 0
+    assert set(raw.errors) == {code} and raw.errors[code] > 0
+    # how fast each error came, by code (the open loop's from the scheduled arrival)
+    assert len(raw.error_latencies[code]) == raw.errors[code]
+    assert len(opened.error_latencies[code]) == opened.errors[code] > 0
 
 
 @pytest.mark.slow

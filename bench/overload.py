@@ -1,0 +1,158 @@
+"""Overload, as issue 39's acceptance states it: open loop at 1.5x the measured peak, over gRPC
+and HTTP, with one worker and two.
+
+    python -m textserve.bench.overload --repository models --model default \\
+        --workers 1,2 --apis v1,http --load 1.5 --duration 60 --output bench/results/overload
+
+For each worker count a fresh `textserve serve` (its defaults otherwise); for each API, on that
+server: a closed loop at `--concurrency` callers (the peak and its p99), then Poisson arrivals
+at `--load` x that peak for `--duration` seconds (latency from the scheduled arrival). Per row:
+arrivals, what was answered, the accepted requests' p50/p99 and p99 / the closed loop's, every
+other outcome by code (gRPC names; HTTP_429, HTTP_503, ...) with how fast it came (p50/p99 ms),
+and the verdict of each promise: nothing CANCELLED, nothing INTERNAL (or 500), every arrival
+answered (no timeouts, nothing unsent), the accepted p99 within `--p99-bound` x the closed
+loop's, and refusals within `--refusal-bound-ms`. Writes OUTPUT/overload.json and .txt; the
+load generator shares the machine, and its own CPU share is in each row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from textserve import procfs
+from textserve.bench.loadgen import closed_loop, open_loop
+from textserve.bench.process import ServerProcess, serve_command, spawn
+from textserve.bench.requests import build_requests, load_texts
+from textserve.bench.stats import summarize
+
+REFUSALS = ("RESOURCE_EXHAUSTED", "UNAVAILABLE", "HTTP_429", "HTTP_503")
+BROKEN = ("CANCELLED", "INTERNAL", "UNKNOWN", "HTTP_500", "HTTP_CONNECTION", "TIMEOUT")
+
+
+def _target(server: ServerProcess, api: str) -> str:
+    if api != "http":
+        return server.address
+    assert server.metrics_url is not None
+    return server.metrics_url.split("//", 1)[1].split("/", 1)[0]
+
+
+def measure(server: ServerProcess, api: str, texts: list[str], args: argparse.Namespace) -> dict:
+    """The closed loop, then the open loop at args.load x its peak, on one server and API."""
+    pool = build_requests(texts, api, 1, args.model)
+    target, connections = _target(server, api), 2 * args.current_workers
+    closed, _ = asyncio.run(
+        closed_loop(
+            target, pool, args.concurrency, warmup=2, duration=args.peak_duration,
+            connections=connections,
+        )
+    )  # fmt: skip
+    peak = summarize(closed, os.cpu_count() or 1)
+    rate = args.load * peak["throughput_requests_per_s"]
+    raw, _ = asyncio.run(
+        open_loop(
+            target, pool, rate, warmup=2, duration=args.duration, timeout=args.timeout,
+            connections=connections,
+        )
+    )  # fmt: skip
+    step = summarize(raw, os.cpu_count() or 1)
+    arrivals = len(raw.latencies) + sum(raw.errors.values()) + raw.not_sent
+    return verdict(
+        {
+            "workers": args.current_workers, "api": api, "rate": rate, "arrivals": arrivals,
+            "closed": peak, "open": step,
+        },
+        args,
+    )  # fmt: skip
+
+
+def verdict(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The promises of issue 39's open-loop acceptance, judged on one row."""
+    closed, step = row["closed"], row["open"]
+    errors: dict[str, int] = step["errors"]
+    refused = {c: n for c, n in errors.items() if c in REFUSALS}
+    slow = [c for c in refused if step["error_latency_ms"][c]["p99"] > args.refusal_bound_ms]
+    ratio = step["latency_ms"]["p99"] / closed["latency_ms"]["p99"]
+    row["p99_ratio"] = ratio
+    row["checks"] = {
+        "no_cancelled_or_internal": not any(errors.get(c) for c in BROKEN),
+        "every_arrival_answered": step["not_sent"] == 0 and set(errors) <= set(REFUSALS),
+        "accepted_p99_within_bound": ratio <= args.p99_bound,
+        "refusals_fast": not slow,
+    }
+    row["met"] = all(row["checks"].values())
+    return row
+
+
+def table(rows: list[dict[str, Any]], machine: str) -> str:
+    lines = [
+        f"open loop at the load x the closed-loop peak ({machine})",
+        "| workers | api | peak req/s | closed p99 ms | arrivals/s | OK/s | accepted p50 / p99 ms "
+        "| p99 ÷ closed | refused (p99 ms) | other errors | lg cpu | met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        c, o = r["closed"], r["open"]
+        refused = ", ".join(
+            f"{code} {n} ({o['error_latency_ms'][code]['p99']:.0f})"
+            for code, n in o["errors"].items()
+            if code in REFUSALS
+        )
+        other = ", ".join(f"{k} {n}" for k, n in o["errors"].items() if k not in REFUSALS)
+        lines.append(
+            f"| {r['workers']} | {r['api']} | {c['throughput_requests_per_s']:,.0f} "
+            f"| {c['latency_ms']['p99']:.1f} | {r['rate']:,.0f} "
+            f"| {o['throughput_requests_per_s']:,.0f} "
+            f"| {o['latency_ms']['p50']:.1f} / {o['latency_ms']['p99']:.1f} "
+            f"| {r['p99_ratio']:.2f}× | {refused or '0'} | {other or '0'} "
+            f"| {o['loadgen']['cpu_share']:.0%} | {'yes' if r['met'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m textserve.bench.overload", description=__doc__)
+    parser.add_argument("--repository", type=Path, default=Path("models"))
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--texts", type=Path, help="JSONL with 'text' (default: runs/<model>)")
+    parser.add_argument("--workers", default="1,2", help="comma-separated --workers counts")
+    parser.add_argument("--apis", default="v1,http", help="v1 (gRPC Classify), http, oip")
+    parser.add_argument("--server-args", default="", help="more `textserve serve` flags")
+    parser.add_argument("--concurrency", type=int, default=256, help="closed-loop callers")
+    parser.add_argument("--peak-duration", type=float, default=10.0)
+    parser.add_argument("--load", type=float, default=1.5, help="x the closed-loop peak")
+    parser.add_argument("--duration", type=float, default=60.0, help="open-loop seconds")
+    parser.add_argument("--timeout", type=float, default=10.0, help="a call's own timeout")
+    parser.add_argument("--p99-bound", type=float, default=3.0)
+    parser.add_argument("--refusal-bound-ms", type=float, default=50.0)
+    parser.add_argument("--output", type=Path, help="write overload.json and overload.txt here")
+    args = parser.parse_args(argv)
+    texts = load_texts(args.texts or Path("runs") / args.model)
+    rows = []
+    for workers in (int(w) for w in args.workers.split(",")):
+        args.current_workers = workers
+        flags = ["--workers", str(workers), *args.server_args.split()]
+        with spawn(serve_command(args.repository, args.model, flags), cwd=Path.cwd()) as server:
+            for api in args.apis.split(","):
+                rows.append(measure(server, api, texts, args))
+                print(table(rows[-1:], "").splitlines()[-1], flush=True)
+    machine = f"{procfs.cpu_model() or 'unknown CPU'}, {os.cpu_count()} CPUs"
+    text = table(rows, machine)
+    print(text)
+    if args.output is not None:
+        args.output.mkdir(parents=True, exist_ok=True)
+        meta = {"machine": machine, "at": time.strftime("%F %T"), "args": vars(args)}
+        payload = {"meta": meta, "rows": rows}
+        (args.output / "overload.json").write_text(json.dumps(payload, indent=1, default=str))
+        (args.output / "overload.txt").write_text(text + "\n")
+    return 0 if all(r["met"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
