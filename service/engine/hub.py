@@ -36,7 +36,6 @@ import queue
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import (
     Client,
@@ -45,7 +44,7 @@ from multiprocessing.connection import (
     answer_challenge,
     deliver_challenge,
 )
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from textserve.service.engine.remote import (
     START_TIMEOUT,
@@ -138,19 +137,35 @@ class _Job:
     payloads: list[TextItem]
 
 
-class _Version:
-    """One version's session in the hub and the thread that runs what every front end sent:
-    whatever is waiting when it comes free runs as one batch, each front end's rows sent back
-    to it."""
+class Runner(Protocol):
+    """A version's batch function in two halves (inference.TextRunner's prepare and run)."""
 
-    def __init__(self, name: str, run: Callable[[list[TextItem]], BatchOutput], limit: int) -> None:
+    def prepare(self, payloads: list[TextItem]) -> Any: ...
+
+    def run(self, prepared: Any) -> BatchOutput: ...
+
+
+class _Version:
+    """One version's session in the hub, and a pipeline of two threads in front of it: the
+    first merges whatever every front end sent while the session was busy into one batch and
+    prepares it (tokenized, padded), the second runs it and sends each front end its rows; so
+    the next batch is tokenized while this one runs (tokenizers and onnxruntime release the
+    GIL). One prepared batch waits at most: while it waits, what arrives stays in the queue,
+    where it merges."""
+
+    def __init__(self, name: str, runner: Runner, limit: int) -> None:
         self.name = name
         self.refs = 0
-        self._run = run
+        self._runner = runner
         self._limit = limit
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=f"hub-{name}", daemon=True)
-        self._thread.start()
+        self._ready: queue.SimpleQueue[tuple[list[_Job], Any] | None] = queue.SimpleQueue()
+        # The one prepared batch that may wait for the session: taken before the queue is read,
+        # so that whatever arrives while it waits merges into the next batch.
+        self._slot = threading.Semaphore(1)
+        for target, stage in ((self._merge, "prepare"), (self._runs, "run")):
+            name = f"hub-{stage}-{self.name}"
+            threading.Thread(target=target, name=name, daemon=True).start()
 
     def submit(self, job: _Job) -> None:
         self._jobs.put(job)
@@ -158,11 +173,13 @@ class _Version:
     def stop(self) -> None:
         self._jobs.put(None)
 
-    def _loop(self) -> None:
+    def _merge(self) -> None:
         while True:
             first = self._jobs.get()
             if first is None:
+                self._ready.put(None)
                 return
+            self._slot.acquire()
             jobs, texts = [first], len(first.payloads)
             while texts < self._limit:
                 try:
@@ -174,28 +191,48 @@ class _Version:
                     break
                 jobs.append(job)
                 texts += len(job.payloads)
-            self._answer(jobs)
+            merged = [payload for job in jobs for payload in job.payloads]
+            try:
+                prepared = self._runner.prepare(merged)
+            except Exception as exc:  # every front end's batch fails with it
+                self._slot.release()
+                _fail(jobs, exc)
+                continue
+            self._ready.put((jobs, prepared))
 
-    def _answer(self, jobs: list[_Job]) -> None:
-        merged = [payload for job in jobs for payload in job.payloads]
-        try:
-            output: BatchOutput | None = self._run(merged)
-        except Exception as exc:  # every front end's batch fails with it
-            for job in jobs:
-                _send(job.conn, reply(None, exc))
-            return
-        assert output is not None
-        start = 0
-        for index, job in enumerate(jobs):
-            end = start + len(job.payloads)
-            failed = (output.errors or {}).items()
-            errors = {row - start: e for row, e in failed if start <= row < end}
-            # The session's runs are reported once, by the first front end: summed over the
-            # workers (their metrics are one registry) each run counts once.
-            runs = output.runs if index == 0 else []
-            part = type(output)(output.outputs[start:end], runs, errors or None)
-            _send(job.conn, reply(part, merged=len(jobs)))
-            start = end
+    def _runs(self) -> None:
+        while True:
+            item = self._ready.get()
+            if item is None:
+                return
+            self._slot.release()  # the next batch may be prepared while this one runs
+            jobs, prepared = item
+            try:
+                output = self._runner.run(prepared)
+            except Exception as exc:
+                _fail(jobs, exc)
+                continue
+            _answer(jobs, output)
+
+
+def _fail(jobs: list[_Job], exc: Exception) -> None:
+    for job in jobs:
+        _send(job.conn, reply(None, exc))
+
+
+def _answer(jobs: list[_Job], output: BatchOutput) -> None:
+    """Each front end its own rows of the merged batch, its failed rows renumbered."""
+    start = 0
+    for index, job in enumerate(jobs):
+        end = start + len(job.payloads)
+        failed = (output.errors or {}).items()
+        errors = {row - start: e for row, e in failed if start <= row < end}
+        # The session's runs are reported once, by the first front end: summed over the
+        # workers (their metrics are one registry) each run counts once.
+        runs = output.runs if index == 0 else []
+        part = type(output)(output.outputs[start:end], runs, errors or None)
+        _send(job.conn, reply(part, merged=len(jobs)))
+        start = end
 
 
 def _send(conn: Connection, parts: list[bytes]) -> None:

@@ -131,6 +131,18 @@ def row_dtype(num_labels: int) -> np.dtype:
     )
 
 
+class Prepared(NamedTuple):
+    """A batch tokenized and padded (TextRunner.prepare), waiting for its runs."""
+
+    payloads: list[TextItem]
+    out: np.ndarray  # the rows, tokenization's fields filled
+    encoded: list[Row]  # each payload's tokens
+    keep: list[int]  # the rows to run
+    errors: dict[int, Exception] | None  # rows refused at tokenization
+    lengths: list[int]  # tokens of each kept row
+    inputs: tuple[np.ndarray, ...]  # the graph's inputs for the kept rows
+
+
 class TextRunner:
     """Runs batches of TextItems through one tokenizer and onnxruntime session (thread-side).
 
@@ -248,6 +260,11 @@ class TextRunner:
     def __call__(self, payloads: list[TextItem]) -> BatchOutput:
         """The batcher's run_batch: tokenize, truncate (or refuse), then run the texts sorted by
         length as sub-batches (see split_runs). One output row per text (see self.rows)."""
+        return self.run(self.prepare(payloads))
+
+    def prepare(self, payloads: list[TextItem]) -> Prepared:
+        """The host's half of a batch (tokenized, looked up in the cache, padded): a pipeline
+        (engine/hub.py) prepares the next batch while `run` runs this one."""
         started = time.perf_counter()
         out = np.zeros(len(payloads), self.rows)
         encoded, keep, errors = self._tokenize(payloads, out)
@@ -258,13 +275,18 @@ class TextRunner:
         out["tokenize_seconds"] = tokenized - started
         if self._observer is not None:
             self._observer.on_tokenize(tokenized - started)
+        lengths = [len(encoded[row].ids) for row in keep]
+        # Padded once, sorted by length; each sub-batch is a slice as wide as its longest text.
+        inputs = self._pad([encoded[row] for row in keep]) if keep else ()
+        return Prepared(payloads, out, encoded, keep, errors, lengths, inputs)
+
+    def run(self, prepared: Prepared) -> BatchOutput:
+        """The model's half of a batch: its runs, the activation, the cache's new entries."""
+        payloads, out, encoded, keep, errors, lengths, inputs = prepared
         runs: list[RunStats] = []
         if not keep:  # every text of the batch was refused (or answered from the cache)
             self._count_predictions(out)
             return BatchOutput(out, runs, errors)
-        lengths = [len(encoded[row].ids) for row in keep]
-        # Padded once, sorted by length; each sub-batch is a slice as wide as its longest text.
-        inputs = self._pad([encoded[row] for row in keep])
         logits = np.empty((len(keep), len(self.labels)), np.float32)
         failed: dict[int, Exception] = {}  # index in `keep` -> why it failed, run alone
         for start, end in self.plan_runs(lengths):
@@ -279,12 +301,12 @@ class TextRunner:
         answered[keep] = True
         if failed:
             answered[[keep[index] for index in failed]] = False
-        if cache is not None:
+        if self.cache is not None:
             for index, row in enumerate(keep):
                 # (pairs: not cached; a request's own cut: not under its text, which the
                 # handle looks up before tokenizing with the model's own truncation)
                 if index not in failed and payloads[row].pair is None and not payloads[row].options:
-                    cache.store(
+                    self.cache.store(
                         payloads[row].text, encoded[row].ids, int(out["full_tokens"][row]),
                         out["probabilities"][row],
                     )  # fmt: skip
