@@ -97,6 +97,8 @@ bench: venv
 	  --concurrency 128 --duration 15 --rounds 5 --cache-size 64MiB --output bench/results/cache.json
 	$(PY) -m textserve.bench.field --texts runs/$(MODEL) --output bench/results/field
 	$(PY) -m textserve.bench.tagging --texts runs/$(MODEL) --output bench/results/tagging
+	$(PY) -m textserve.bench.overload --repository $(REPOSITORY) --model $(MODEL) \
+	  --workers 1,2 --apis v1,http --load 1.5 --duration 20 --output bench/results/overload
 	$(PY) -m textserve.export.bench --bert-shaped --json bench/results/export_bench_bert.json
 
 ## mutate: mutation testing (mutmut) of the core modules, one group at a time against the unit

@@ -151,7 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = {"meta": meta, "rows": rows}
         (args.output / "overload.json").write_text(json.dumps(payload, indent=1, default=str))
         (args.output / "overload.txt").write_text(text + "\n")
-    return 0 if all(r["met"] for r in rows) else 1
+    met = sum(r["met"] for r in rows)
+    print(f"{met} of {len(rows)} rows meet every promise (a benchmark reports, it does not fail)")
+    return 0
 
 
 if __name__ == "__main__":
