@@ -23,6 +23,7 @@ from textserve.service.backlog import PENDING_CAP, Backlog, channelz_reader, ser
 from textserve.service.config import ServerConfig
 from textserve.service.dataplane.context import ServingContext, Telemetry
 from textserve.service.drain import DrainGate
+from textserve.service.engine.memory import pin_malloc_thresholds
 from textserve.service.health import NOT_SERVING, SERVING, DrainingHealthServicer
 from textserve.service.http.serving import HttpFrontEnd, http_front_end
 from textserve.service.metrics import DRAINING, NO_MODEL, Metrics
@@ -306,6 +307,8 @@ async def serve(
 ) -> int:
     """The life of `textserve serve`: start, serve until SIGTERM/SIGINT, drain, exit status.
     `coordinator`: this process is one worker of `--workers N`, linked to its supervisor."""
+    # Before any model loads: a retired version's memory can then go back (engine/memory.py).
+    pin_malloc_thresholds()
     server, _ = create_server(config, reuse_port=coordinator is not None, coordinator=coordinator)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -46,6 +46,7 @@ from multiprocessing.connection import (
 )
 from typing import TYPE_CHECKING, Any, Protocol
 
+from textserve.service.engine.memory import pin_malloc_thresholds, release_freed_memory
 from textserve.service.engine.remote import (
     START_TIMEOUT,
     STOP_TIMEOUT,
@@ -203,7 +204,9 @@ class _Version:
     def _runs(self) -> None:
         while True:
             item = self._ready.get()
-            if item is None:
+            if item is None:  # stopped, and the merging thread is done with the session too
+                del self._runner
+                release_freed_memory()
                 return
             self._slot.release()  # the next batch may be prepared while this one runs
             jobs, prepared = item
@@ -329,6 +332,7 @@ def hub_main(
         level=getattr(logging, log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s engine %(name)s: %(message)s",
     )
+    pin_malloc_thresholds()  # before any version loads: a released one's memory goes back
     hub = Hub(runtime, max_batch_tokens, limit, authkey)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(address)  # a previous hub's

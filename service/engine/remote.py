@@ -199,6 +199,9 @@ def serve(
 ) -> None:
     """The engine process: build the version's batch function, then answer batches until told
     to stop or the pipe closes."""
+    from textserve.service.engine.memory import pin_malloc_thresholds
+
+    pin_malloc_thresholds()  # as the serving process (engine/memory.py)
     try:
         runner = runner_from_bytes(model, tokenizer_bytes, manifest, runtime, max_batch_tokens)
     except BaseException as exc:
