@@ -177,7 +177,7 @@ class RuntimeConfig:
     engine: str = "thread"
     # --engine shared: the hub's socket and key, set by the supervisor for its workers.
     engine_hub: str = ""
-    engine_hub_key: str = ""
+    engine_hub_key: str = field(default="", repr=False)  # never in a log line
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
