@@ -52,12 +52,12 @@ class RawStep:
     requests_done: int = 0  # successful requests completed inside the window
     texts: int = 0  # texts of those requests
     errors: Counter[str] = field(default_factory=Counter)  # gRPC code name -> count
-    # seconds from send (open loop: scheduled arrival) to each error, by code: how fast refused
-    error_latencies: dict[str, list[float]] = field(default_factory=dict)
     window_seconds: float = 0.0  # length of the measured window
     loadgen_cpu_seconds: float = 0.0  # CPU time of the load generator process(es) in the window
     not_sent: int = 0  # open loop: arrivals dropped because too many were in flight
     machine_cpu_share: float | None = None  # busy share of all CPUs in the window (/proc/stat)
+    # seconds from send (open loop: scheduled arrival) to each error, by code: how fast refused
+    error_latencies: dict[str, list[float]] = field(default_factory=dict)
 
     def merge(self, other: RawStep) -> None:
         """Fold in another process's share of the same window."""
