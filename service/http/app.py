@@ -35,9 +35,6 @@ logger = logging.getLogger(__name__)
 # of a request timeout; a number of seconds is what curl users can write).
 TIMEOUT_HEADER = "request-timeout"
 _LOG_EVERY = 10.0  # seconds between log lines about refused requests
-# An inference route's handler (by a part of its name) -> its `method` label in the metrics.
-_METHOD_OF = (("rerank", "HttpRerank"), ("zero_shot", "HttpZeroShot"), ("tag", "HttpTag"),
-              ("infer", "HttpInfer"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -230,9 +227,7 @@ class HttpApp:
         behind `bound` others is answered 429 (retryable) instead of queueing for seconds."""
         if self.inflight < bound:
             return
-        name = route.handler.__name__
-        method = next((m for key, m in _METHOD_OF if key in name), "HttpClassify")
-        self.ctx.metrics.limit_refusals.labels(method, "concurrent_requests").inc()
+        self.ctx.metrics.limit_refusals.labels(route.method, "concurrent_requests").inc()
         raise Refused(
             429,
             f"the server is answering {bound} requests already (--max-concurrent-rpcs); "

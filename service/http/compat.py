@@ -435,11 +435,11 @@ async def tag_route(app: AppView, request: Request) -> Response:
 
 
 ROUTES: dict[str, dict[str, Route]] = {
-    "/predict": {"POST": Route(tei_predict, body=True, inference=True, errors=tei_error)},
-    "/rerank": {"POST": Route(tei_rerank, body=True, inference=True, errors=tei_error)},
-    "/v1/rerank": {"POST": Route(cohere_rerank, body=True, inference=True, errors=cohere_error)},
-    "/v2/rerank": {"POST": Route(cohere_rerank, body=True, inference=True, errors=cohere_error)},
-    "/classify": {"POST": Route(vllm_classify, body=True, inference=True, errors=openai_error)},
-    "/v1/zero-shot": {"POST": Route(zero_shot_route, body=True, inference=True)},
-    "/v1/tag": {"POST": Route(tag_route, body=True, inference=True)},
+    "/predict": {"POST": Route(tei_predict, body=True, method=CLASSIFY, errors=tei_error)},
+    "/rerank": {"POST": Route(tei_rerank, body=True, method=RERANK, errors=tei_error)},
+    "/v1/rerank": {"POST": Route(cohere_rerank, body=True, method=RERANK, errors=cohere_error)},
+    "/v2/rerank": {"POST": Route(cohere_rerank, body=True, method=RERANK, errors=cohere_error)},
+    "/classify": {"POST": Route(vllm_classify, body=True, method=CLASSIFY, errors=openai_error)},
+    "/v1/zero-shot": {"POST": Route(zero_shot_route, body=True, method=ZERO_SHOT)},
+    "/v1/tag": {"POST": Route(tag_route, body=True, method=TAG)},
 }

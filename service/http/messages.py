@@ -93,8 +93,14 @@ class Route:
     handler: Handler
     open: bool = False  # answered without a token (the probes)
     body: bool = False  # reads a request body (POST)
-    inference: bool = False  # refused while draining; off with --http-port off
+    # An inference route's `method` label in the metrics (HttpClassify, ...); None: not one.
+    # Inference routes are refused while draining, off with --http-port off, and bounded.
+    method: str | None = None
     errors: ErrorShape | None = None  # None: textserve's {"error", "code"} (http/errors.py)
+
+    @property
+    def inference(self) -> bool:
+        return self.method is not None
 
 
 def load_json(data: bytes) -> Any:

@@ -262,7 +262,7 @@ FIXED: dict[str, Methods] = {
     "/v2/health/live": {"GET": Route(server_live, open=True)},
     "/v2/health/ready": {"GET": Route(server_ready, open=True)},
     "/v2/models/stats": {"GET": Route(model_stats)},
-    "/v1/classify": {"POST": Route(classify, body=True, inference=True)},
+    "/v1/classify": {"POST": Route(classify, body=True, method=CLASSIFY)},
     **compat.ROUTES,  # TEI, Cohere/Jina and vLLM shapes over the same data plane
 }
 # /v2/models/{model}[/versions/{version}]{tail}
@@ -271,7 +271,7 @@ MODEL_ROUTES: dict[str, Methods] = {
     "/ready": {"GET": Route(model_ready)},
     "/config": {"GET": Route(model_config_route)},
     "/stats": {"GET": Route(model_stats)},
-    "/infer": {"POST": Route(infer, body=True, inference=True)},
+    "/infer": {"POST": Route(infer, body=True, method=INFER)},
 }
 _MODELS = "/v2/models/"
 
