@@ -30,7 +30,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import queue
 import shutil
@@ -49,11 +48,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from textserve.service.engine.memory import pin_malloc_thresholds, release_freed_memory
 from textserve.service.engine.remote import (
     START_TIMEOUT,
-    STOP_TIMEOUT,
     EngineProcess,
     from_wire,
     reply,
     runner_from_bytes,
+    spawn_ready,
+    stop_child,
 )
 from textserve.service.errors import InternalError
 
@@ -89,7 +89,6 @@ class SharedEngine(EngineProcess):
         manifest: Manifest,
     ) -> None:
         self._hub = (address, authkey, version_key(model, tokenizer, manifest))
-        self._bytes = (model, tokenizer)
         self._hub_pid: int | None = None
         self._manifest = manifest.to_dict()
         super().__init__(model, tokenizer, manifest, None, 0)  # type: ignore[arg-type]
@@ -105,7 +104,7 @@ class SharedEngine(EngineProcess):
             conn.send_bytes(json.dumps({"open": key, "manifest": self._manifest}).encode())
             answer = _receive(conn, START_TIMEOUT)
             if answer == b"need":  # the first worker to open this version sends its bytes
-                for part in self._bytes:
+                for part in self._spec[:2]:  # the model's and the tokenizer's bytes
                     conn.send_bytes(part)
                 answer = _receive(conn, START_TIMEOUT)
         except (OSError, EOFError, TimeoutError) as exc:
@@ -317,12 +316,12 @@ class Hub:
 
 
 def hub_main(
+    parent: Connection,
     address: str,
     authkey: bytes,
     runtime: RuntimeConfig,
     max_batch_tokens: int,
     limit: int,
-    parent: Connection,
     log_level: str = "INFO",
 ) -> None:
     """The hub process: listen, say ready on `parent`, serve connections; exit when `parent`
@@ -366,27 +365,15 @@ class HubProcess:
         self.authkey = os.urandom(32)
         self._spec = (runtime, max_batch_tokens, limit)
         self._log_level = log_level
-        self._context = multiprocessing.get_context("spawn")
         self._process: Any = None
         self._conn: Connection | None = None
         self.pid = 0
 
     def start(self) -> None:
-        conn, child = self._context.Pipe()
         runtime, tokens, limit = self._spec
-        process = self._context.Process(
-            target=hub_main,
-            args=(self.address, self.authkey, runtime, tokens, limit, child, self._log_level),
-            name="textserve-engine",
-            daemon=True,
-        )
-        process.start()
-        child.close()
-        if not conn.poll(START_TIMEOUT):
-            process.kill()
-            raise InternalError(f"the shared engine did not start within {START_TIMEOUT:.0f} s")
-        self.pid = int(conn.recv_bytes().decode().partition(" ")[2])
-        self._process, self._conn = process, conn
+        args = (self.address, self.authkey, runtime, tokens, limit, self._log_level)
+        self._conn, self._process, pid = spawn_ready(hub_main, args, "textserve-engine")
+        self.pid = int(pid)
         logger.info("shared engine (pid %d) on %s", self.pid, self.address)
 
     @property
@@ -407,10 +394,7 @@ class HubProcess:
             self._conn.close()  # the hub exits when its pipe closes
             self._conn = None
         if self._process is not None:
-            self._process.join(STOP_TIMEOUT)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join(STOP_TIMEOUT)
+            stop_child(self._process)
             self._process = None
 
     def stop(self) -> None:

@@ -98,6 +98,33 @@ def reply(
     return [json.dumps(head).encode(), output.outputs.tobytes()]
 
 
+def spawn_ready(target: Any, args: Sequence[Any], name: str) -> tuple[Connection, Any, str]:
+    """`target(conn, *args)` in a spawned daemon process (never a fork of one running grpc),
+    once it said "ready [VALUE]" on `conn`: (this end of the pipe, the process, VALUE).
+    InternalError naming `name` when it says anything else or nothing within START_TIMEOUT."""
+    context = multiprocessing.get_context("spawn")
+    conn, child = context.Pipe()
+    process = context.Process(target=target, args=(child, *args), name=name, daemon=True)
+    process.start()
+    child.close()
+    if not conn.poll(START_TIMEOUT):
+        process.kill()
+        raise InternalError(f"{name} did not start within {START_TIMEOUT:.0f} s")
+    kind, _, value = conn.recv_bytes().decode().partition(" ")
+    if kind != "ready":
+        process.join(STOP_TIMEOUT)
+        raise InternalError(f"{name} failed to start: {value}")
+    return conn, process, value
+
+
+def stop_child(process: Any) -> None:
+    """Wait up to STOP_TIMEOUT for a child told to stop, then kill it."""
+    process.join(STOP_TIMEOUT)
+    if process.is_alive():
+        process.kill()
+        process.join(STOP_TIMEOUT)
+
+
 class EngineProcess:
     """The batch function of one version, run by a child process (see the module docstring)."""
 
@@ -121,21 +148,7 @@ class EngineProcess:
         self._start()
 
     def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")  # never fork a process running grpc
-        conn, child = context.Pipe()
-        process = context.Process(
-            target=serve, args=(child, *self._spec), name=self._name, daemon=True
-        )
-        process.start()
-        child.close()
-        if not conn.poll(START_TIMEOUT):
-            process.kill()
-            raise InternalError(f"{self._name} did not start within {START_TIMEOUT:.0f} s")
-        kind, _, value = conn.recv_bytes().decode().partition(" ")
-        if kind != "ready":
-            process.join(STOP_TIMEOUT)
-            raise InternalError(f"{self._name} failed to start: {value}")
-        self._conn, self._process = conn, process
+        self._conn, self._process, _ = spawn_ready(serve, self._spec, self._name)
 
     @property
     def pid(self) -> int | None:
@@ -183,10 +196,7 @@ class EngineProcess:
                 conn.send_bytes(b"")  # stop
             conn.close()
         if process is not None:
-            process.join(STOP_TIMEOUT)
-            if process.is_alive():
-                process.kill()
-                process.join(STOP_TIMEOUT)
+            stop_child(process)
 
 
 def serve(
