@@ -43,10 +43,13 @@ def _target(server: ServerProcess, api: str) -> str:
     return server.metrics_url.split("//", 1)[1].split("/", 1)[0]
 
 
-def measure(server: ServerProcess, api: str, texts: list[str], args: argparse.Namespace) -> dict:
-    """The closed loop, then the open loop at args.load x its peak, on one server and API."""
+def measure(
+    server: ServerProcess, workers: int, api: str, texts: list[str], args: argparse.Namespace
+) -> dict:
+    """The closed loop, then the open loop at args.load x its peak, on one server (of
+    `workers` processes: two connections each) and API."""
     pool = build_requests(texts, api, 1, args.model)
-    target, connections = _target(server, api), 2 * args.current_workers
+    target, connections = _target(server, api), 2 * workers
     closed, _ = asyncio.run(
         closed_loop(
             target, pool, args.concurrency, warmup=2, duration=args.peak_duration,
@@ -65,7 +68,7 @@ def measure(server: ServerProcess, api: str, texts: list[str], args: argparse.Na
     arrivals = len(raw.latencies) + sum(raw.errors.values()) + raw.not_sent
     return verdict(
         {
-            "workers": args.current_workers, "api": api, "rate": rate, "arrivals": arrivals,
+            "workers": workers, "api": api, "rate": rate, "arrivals": arrivals,
             "closed": peak, "open": step,
         },
         args,
@@ -136,11 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = load_texts(args.texts or Path("runs") / args.model)
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):
-        args.current_workers = workers
         flags = ["--workers", str(workers), *args.server_args.split()]
         with spawn(serve_command(args.repository, args.model, flags), cwd=Path.cwd()) as server:
             for api in args.apis.split(","):
-                rows.append(measure(server, api, texts, args))
+                rows.append(measure(server, workers, api, texts, args))
                 print(table(rows[-1:], "").splitlines()[-1], flush=True)
     machine = f"{procfs.cpu_model() or 'unknown CPU'}, {os.cpu_count()} CPUs"
     text = table(rows, machine)
