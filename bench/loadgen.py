@@ -56,13 +56,23 @@ def error_code(exc: BaseException) -> str:
     return exc.code if isinstance(exc, HttpStatusError) else "TIMEOUT"
 
 
+# Connections of the HTTP client at most (HTTP/1.1: one per request in flight); past it a
+# request waits for a free one, counted in its latency from its scheduled arrival. Bounded as
+# every HTTP client library bounds its pool (aiohttp and httpx 100, urllib3 10 per host), here
+# at twice the server's default bound on requests in flight so that the server's 429s are
+# exercised. 0: unbounded (a connection per waiting request: measured, a storm of thousands of
+# connections on the same two cores that collapses the server's goodput; docs/performance.md).
+HTTP_POOL = 1024
+
+
 @contextlib.asynccontextmanager
-async def _http_calls(target: str, path: str) -> AsyncIterator[list[Any]]:
+async def _http_calls(target: str, path: str, pool: int = HTTP_POOL) -> AsyncIterator[list[Any]]:
     """An HTTP call object (POST of a serialized JSON body, the answer read, not parsed) over a
-    pool of keep-alive connections, as many as there are requests in flight (HTTP/1.1)."""
+    pool of keep-alive connections, as many as there are requests in flight (HTTP/1.1) up to
+    `pool` (0: no bound)."""
     import aiohttp
 
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    connector = aiohttp.TCPConnector(limit=pool, force_close=False)
     url = f"http://{target}{path}"
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -83,7 +93,7 @@ async def _http_calls(target: str, path: str) -> AsyncIterator[list[Any]]:
 
 @contextlib.asynccontextmanager
 async def _calls(
-    target: str, method: str, connections: int, stream: bool = False
+    target: str, method: str, connections: int, stream: bool = False, http_pool: int = HTTP_POOL
 ) -> AsyncIterator[list[Any]]:
     """One bytes-in, bytes-out call object per connection (its own channel and connection);
     `stream`: a bidirectional-streaming one. A method that is an HTTP path (requests.METHODS'
@@ -91,7 +101,7 @@ async def _calls(
     if connections < 1:
         raise ValueError(f"connections must be at least 1, got {connections}")
     if method.startswith("/v1/"):
-        async with _http_calls(target, method) as calls:
+        async with _http_calls(target, method, http_pool) as calls:
             yield calls
         return
     options = [CHANNEL_OPTIONS]
@@ -221,6 +231,7 @@ async def open_loop(
     seed: int = 0,
     probe: Probe | None = None,
     connections: int = 1,
+    http_pool: int = HTTP_POOL,
 ) -> tuple[RawStep, list[Any]]:
     """Requests arriving as a Poisson process of `rate` requests/s, whatever the server does.
 
@@ -236,7 +247,7 @@ async def open_loop(
     errors = raw.errors
     done_in_window = 0
     in_flight = 0
-    async with _calls(target, pool.method, connections) as calls:
+    async with _calls(target, pool.method, connections, http_pool=http_pool) as calls:
         next_call = itertools.cycle(calls).__next__
         window = _Window(warmup, duration, probe)
         start, end, t0 = window.start, window.end, window.t0

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from textserve import procfs
-from textserve.bench.loadgen import closed_loop, open_loop
+from textserve.bench.loadgen import HTTP_POOL, closed_loop, open_loop
 from textserve.bench.process import ServerProcess, serve_command, spawn
 from textserve.bench.requests import build_requests, load_texts
 from textserve.bench.stats import summarize
@@ -61,7 +61,7 @@ def measure(
     raw, _ = asyncio.run(
         open_loop(
             target, pool, rate, warmup=2, duration=args.duration, timeout=args.timeout,
-            connections=connections,
+            connections=connections, http_pool=args.http_pool,
         )
     )  # fmt: skip
     step = summarize(raw, os.cpu_count() or 1)
@@ -132,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=1.5, help="x the closed-loop peak")
     parser.add_argument("--duration", type=float, default=60.0, help="open-loop seconds")
     parser.add_argument("--timeout", type=float, default=10.0, help="a call's own timeout")
+    parser.add_argument(
+        "--http-pool", type=int, default=HTTP_POOL,
+        help=f"the HTTP client's connections at most (default {HTTP_POOL}; 0: unbounded)",
+    )  # fmt: skip
     parser.add_argument("--p99-bound", type=float, default=3.0)
     parser.add_argument("--refusal-bound-ms", type=float, default=50.0)
     parser.add_argument("--output", type=Path, help="write overload.json and overload.txt here")

@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             peak = measure_peak(server.address)
             rate = args.rate or max(1.0, args.load * peak)
             print(f"peak {peak:.0f} requests/s (16 callers); soak at {rate:.0f}/s", flush=True)
-            load = Load(server.address, rate, connections=max(4, 2 * args.workers)).start()
+            load = Load(server.address, rate, connections=max(8, 16 * args.workers)).start()
             t0 = time.monotonic()
             end = t0 + args.minutes * 60
             next_reload, killed = t0 + args.reload_every, False

@@ -20,7 +20,7 @@ Neither reaches a handler, a metric or a log line. So the server (service/server
 grpc's count to PENDING_CAP, a memory bound it does not reach (about 16 KiB a held call,
 measured), and sheds the backlog itself, by time: a call that waited in grpc core longer than
 `--max-backlog-wait-ms` is answered RESOURCE_EXHAUSTED (retryable, counted in
-`textserve_backlog_refusals_total`) as soon as the loop takes it, which costs the loop less
+`textserve_backlog_refusals_total{bound}`) as soon as the loop takes it, which costs the loop less
 than serving it, so the backlog drains instead of growing until grpc cancels it.
 
 How long calls waited is counted, not guessed: grpc core counts each call it starts and ends
@@ -32,11 +32,23 @@ waited longer than max_wait at least (a count, whatever the order grpc hands the
 and the guard refuses that many of the next calls it takes (`shed_until`, compared with its
 own count of calls taken, `entries`).
 
-    backlog = Backlog(max_wait=1.0, read=reader)       # reader: channelz_reader(ids_before)
+    backlog = Backlog(max_wait=2.0, read=reader, target=0.1)  # reader: channelz_reader(...)
     backlog.start(loop)                                # the sampler thread and the loop's beat
     # the guard, per call: backlog.in_app += 1; backlog.entries += 1 ... refuse while
     # backlog.entries <= backlog.shed_until ... finally: backlog.in_app -= 1
     backlog.stop()
+
+A stall and an overload look alike for max_wait, and a long max_wait (one that outlasts the
+stalls of a hot reload on shared cores) makes every call wait that long before it is refused
+once the server is past its peak. So the guard also sheds a *standing* backlog down to a short
+`target` (`--backlog-target-ms`) when two things hold: calls older than `target` have been
+waiting at every sample for STANDING seconds (CoDel's test of a standing queue against a
+burst), and calls arrived in the last second faster than the server has served them in any
+second of the last minute (x OVERLOAD; channelz's `callsSucceeded`). A stall (a hot reload on
+shared cores, a collection, a busy neighbour) slows the server while arrivals go on at the
+rate it was serving: it refuses nothing below max_wait, the loop catches up. Overload brings
+arrivals the server has never served: it refuses the calls older than `target` as they are
+taken, until a sample finds none.
 
 A call grpc dropped itself (past its own caps above, or a stream that failed before its call
 was taken) is started and never ends: it would count as waiting forever, and the guard would
@@ -69,12 +81,20 @@ logger = logging.getLogger(__name__)
 # About 16 KiB of RSS a held call (measured: 20,000 held, +308 MiB): ~160 MiB at the cap.
 PENDING_CAP = 10_000
 INTERVAL = 0.05  # seconds between two samples of grpc's counts
+# How long calls must have waited longer than the target without a break before the backlog
+# counts as standing (overload) rather than a stall the loop will catch up with (a hot reload,
+# a collection, a busy neighbour): CoDel's interval (Nichols and Jacobson, 2012), on counts.
+STANDING = 1.0
+# Arrivals over the last second above this many times the best second of calls served in the
+# last minute are overload; below it a standing backlog is a stall the loop will catch up with.
+OVERLOAD = 1.1
 REFUSAL_MESSAGE = (
     "the server is overloaded: calls waited longer than {ms:.0f} ms in grpc before it could take "
     "them; retry later, with backoff"
 )
 
-Reader = Callable[[], tuple[int, int]]  # () -> (calls started, calls ended) by grpc core
+# () -> (calls started, calls ended, calls ended OK) by grpc core
+Reader = Callable[[], tuple[int, int, int]]
 
 
 def _server_ids() -> set[int]:
@@ -108,11 +128,12 @@ def channelz_reader(before: set[int]) -> Reader | None:
 
     server_id = new.pop()
 
-    def read() -> tuple[int, int]:
+    def read() -> tuple[int, int, int]:
         data: dict[str, Any] = json.loads(cygrpc.channelz_get_server(server_id))["server"]
         data = data.get("data", {})
-        ended = int(data.get("callsSucceeded", 0)) + int(data.get("callsFailed", 0))
-        return int(data.get("callsStarted", 0)), ended
+        succeeded = int(data.get("callsSucceeded", 0))
+        ended = succeeded + int(data.get("callsFailed", 0))
+        return int(data.get("callsStarted", 0)), ended, succeeded
 
     return read
 
@@ -127,12 +148,27 @@ class Backlog:
         max_wait: float | None,
         read: Reader | None = None,
         *,
+        target: float | None = None,
+        standing: float = STANDING,
         counter: Any = None,
         interval: float = INTERVAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_wait = max_wait if read is not None else None  # None: nothing refused
-        self.message = REFUSAL_MESSAGE.format(ms=(max_wait or 0) * 1e3)
+        # a standing backlog is shed down to `target` (None: only calls past max_wait are)
+        self.target = target if target is not None and max_wait and target < max_wait else None
+        self._messages = {
+            bound: REFUSAL_MESSAGE.format(ms=bound * 1e3)
+            for bound in (max_wait or 0.0, self.target or 0.0)
+        }
+        self.message = self._messages[max_wait or 0.0]
+        self._standing = standing
+        self._standing_since: float | None = None  # since when calls wait longer than target
+        # calls served (ended OK) per second, the last minute's seconds: what the server has
+        # shown it can serve, against which arrivals are overload or not
+        self._served: collections.deque[float] = collections.deque(maxlen=60)
+        self._second: tuple[float, int] | None = None  # (when, served) the current second began
+        self._bound = "max_wait"  # the bound of the refusals now: the counter's label
         self.in_app = 0  # calls the guard runs now
         self.entries = 0  # calls the guard has taken, ever
         self.shed_until = 0  # the guard refuses a call while entries <= shed_until
@@ -158,7 +194,7 @@ class Backlog:
         """Count one call refused (the guard answers it)."""
         self.refused += 1
         if self._counter is not None:
-            self._counter.inc()
+            self._counter.labels(bound=self._bound).inc()
 
     def sample(self, now: float | None = None) -> int:
         """Read grpc's counts once and set shed_until; the number of calls to refuse (those
@@ -166,7 +202,7 @@ class Backlog:
         if self._read is None or self.max_wait is None:
             return 0
         now = self._clock() if now is None else now
-        started, ended = self._read()
+        started, ended, succeeded = self._read()
         in_app, entries = self.in_app, self.entries
         taken = ended + in_app
         alive = now - self.beat < 2 * self._interval
@@ -180,15 +216,50 @@ class Backlog:
         history = self._history
         history.append((now, started))
         cutoff = now - self.max_wait
-        while len(history) > 1 and history[1][0] <= cutoff:
+        while len(history) > 1 and history[1][0] <= min(cutoff, now - 1.0):
             history.popleft()
-        if history[0][0] > cutoff:
-            return 0  # not sampling for max_wait yet
-        # history[0]: grpc's started count at the last sample at or before the cutoff
-        excess = history[0][1] - self._phantom - taken
+        if self._second is None:
+            self._second = (now, succeeded)
+        elif now - self._second[0] >= 1.0:
+            self._served.append((succeeded - self._second[1]) / (now - self._second[0]))
+            self._second = (now, succeeded)
+        # calls started before a moment and not taken yet waited longer than since that moment
+        excess = self._started_at(cutoff) - self._phantom - taken
+        bound = self.max_wait
+        if self.target is not None:
+            young = self._started_at(now - self.target) - self._phantom - taken
+            if young <= 0:
+                self._standing_since = None
+            elif self._standing_since is None:
+                self._standing_since = now
+            elif (
+                now - self._standing_since >= self._standing
+                and young > excess
+                and self._overloaded(now, started)
+            ):
+                excess, bound = young, self.target  # overload, not a stall: shed it
         if excess > 0:
+            self.message = self._messages[bound]
+            self._bound = "max_wait" if bound == self.max_wait else "target"
             self.shed_until = entries + excess
         return max(0, excess)
+
+    def _overloaded(self, now: float, started: int) -> bool:
+        """Calls arrived in the last second faster than OVERLOAD x the most the server served
+        in any second of the last minute: more than it can serve, not a stall it will catch up
+        with (during a stall arrivals go on at the rate the server was serving)."""
+        if self._history[0][0] > now - 1.0:
+            return False  # not sampling for a second yet
+        arrived = started - self._started_at(now - 1.0)
+        return arrived > OVERLOAD * max(self._served, default=0.0)
+
+    def _started_at(self, moment: float) -> int:
+        """grpc's started count at the last sample at or before `moment`: the calls that
+        arrived before it (hugely negative when sampling has not reached back that far)."""
+        for when, started in reversed(self._history):
+            if when <= moment:
+                return started
+        return -(1 << 62)  # not sampling for that long yet: nothing known to be that old
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """The sampler thread and the loop's heartbeat (nothing when off)."""

@@ -294,6 +294,15 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "being cancelled by grpc; 0: off",
         type=float,
     )
+    flag(
+        "backlog-target-ms",
+        "0" if server.backlog_target is None else _text(server.backlog_target * 1e3),
+        "milliseconds of wait in grpc an overload's backlog is shed down to: once calls have "
+        "waited longer than this for a whole second while calls arrive faster than the server "
+        "has served them (overload, not a stall), they are answered RESOURCE_EXHAUSTED as they "
+        "are taken; 0: off (only --max-backlog-wait-ms)",
+        type=float,
+    )
 
 
 def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
@@ -478,6 +487,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             max_backlog_wait=(
                 args.max_backlog_wait_ms / 1000.0 if args.max_backlog_wait_ms else None
             ),
+            backlog_target=args.backlog_target_ms / 1000.0 if args.backlog_target_ms else None,
             stream_max_inflight=args.stream_max_inflight,
             security=SecurityConfig(
                 tls_cert=Path(args.tls_cert) if args.tls_cert else None,

@@ -277,6 +277,11 @@ class ServerConfig:
     # in 90 s at the peak where grpc had cancelled 496), and 2 s of calls stay under grpc's
     # memory cap (backlog.PENDING_CAP) up to 5,000 calls/s a process.
     max_backlog_wait: float | None = 2.0
+    # Seconds of wait in grpc core an overload's backlog is shed down to: once calls have waited
+    # longer than this at every sample for a second while calls arrive faster than the server
+    # has served them (overload, not a stall), those calls are refused as they are taken
+    # (service/backlog.py). None: off (only max_backlog_wait).
+    backlog_target: float | None = 0.1
     security: SecurityConfig = field(default_factory=SecurityConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
@@ -303,6 +308,11 @@ class ServerConfig:
     worker_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        if self.backlog_target is not None and not 0 < self.backlog_target <= 30:
+            raise ConfigError(
+                "--backlog-target-ms must be between 1 and 30000 (0: off), "
+                f"got {self.backlog_target * 1e3:g}"
+            )
         if self.max_backlog_wait is not None and not 0 < self.max_backlog_wait <= 30:
             raise ConfigError(
                 "--max-backlog-wait-ms must be between 1 and 30000 (0: off), "

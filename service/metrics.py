@@ -229,10 +229,14 @@ class Metrics:
         )
         self.backlog_refusals = Counter(
             "textserve_backlog_refusals",
-            "gRPC calls answered RESOURCE_EXHAUSTED because they waited in grpc longer than "
-            "--max-backlog-wait-ms before the server could take them (they reach no model)",
+            "gRPC calls answered RESOURCE_EXHAUSTED because they waited in grpc before the server "
+            "could take them (they reach no model), by bound: max_wait (--max-backlog-wait-ms), "
+            "target (a standing backlog shed to --backlog-target-ms)",
+            ["bound"],
             registry=r,
         )
+        for bound in ("max_wait", "target"):  # both series from 0, before any refusal
+            self.backlog_refusals.labels(bound=bound)
         self.limit_refusals = Counter(
             "textserve_request_limit_refusals",
             "Requests refused for a per-request limit (never split or cut silently), by limit",

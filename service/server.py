@@ -253,6 +253,7 @@ def create_server(
     backlog = Backlog(
         config.max_backlog_wait,
         channelz_reader(before) if config.max_backlog_wait is not None else None,
+        target=config.backlog_target,
         counter=metrics.backlog_refusals,
     )
     # a grpc.aio.Server to the services

@@ -18,6 +18,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -34,9 +35,21 @@ CONNECTIONS = 4
 AFTER = 20  # calls sent one after another once every call above is answered
 
 
-def _send_while_blocked(srv: RunningServer) -> tuple[Counter[str], list[str]]:
-    """Block the server's loop, send CALLS calls meanwhile, wait for every answer, then send
-    AFTER calls one by one: the status of each (and the distinct messages)."""
+def _refusals(srv: RunningServer) -> dict[str, float]:
+    """textserve_backlog_refusals_total by bound (0 where none)."""
+    value = srv.metrics.registry.get_sample_value
+    return {
+        bound: value("textserve_backlog_refusals_total", {"bound": bound}) or 0.0
+        for bound in ("max_wait", "target")
+    }
+
+
+Send = Callable[[Callable[[int], Awaitable[None]]], Awaitable[None]]
+
+
+def _run_client(srv: RunningServer, send: Send) -> tuple[Counter[str], set[str]]:
+    """grpc.aio clients over CONNECTIONS connections (each warmed up), in a thread of their
+    own: `send(one)` sends calls with `one(i)`; the status of each and the distinct messages."""
     codes: Counter[str] = Counter()
     messages: set[str] = set()
 
@@ -58,10 +71,7 @@ def _send_while_blocked(srv: RunningServer) -> tuple[Counter[str], list[str]]:
                 codes[exc.code().name] += 1
                 messages.add(exc.details() or "")
 
-        srv.loop.call_soon_threadsafe(time.sleep, BLOCK)  # the server's loop: busy
-        await asyncio.gather(*(one(i) for i in range(CALLS)))
-        for i in range(AFTER):  # the loop free again: nothing waits, nothing is refused
-            await one(i)
+        await send(one)
         for channel in channels:
             await channel.close()
 
@@ -69,6 +79,20 @@ def _send_while_blocked(srv: RunningServer) -> tuple[Counter[str], list[str]]:
     thread.start()
     thread.join(timeout=120)
     assert not thread.is_alive()
+    return codes, messages
+
+
+def _send_while_blocked(srv: RunningServer) -> tuple[Counter[str], list[str]]:
+    """Block the server's loop, send CALLS calls meanwhile, wait for every answer, then send
+    AFTER calls one by one: the status of each (and the distinct messages)."""
+
+    async def send(one: Callable[[int], Awaitable[None]]) -> None:
+        srv.loop.call_soon_threadsafe(time.sleep, BLOCK)  # the server's loop: busy
+        await asyncio.gather(*(one(i) for i in range(CALLS)))
+        for i in range(AFTER):  # the loop free again: nothing waits, nothing is refused
+            await one(i)
+
+    codes, messages = _run_client(srv, send)
     return codes, sorted(messages)
 
 
@@ -77,7 +101,7 @@ def test_calls_held_for_a_busy_loop_are_refused_by_age_never_cancelled(
 ) -> None:
     with running_server(tiny_repository) as srv:  # --max-backlog-wait-ms 2000, the default
         codes, messages = _send_while_blocked(srv)
-        refused = srv.metrics.registry.get_sample_value("textserve_backlog_refusals_total")
+        refused = _refusals(srv)["max_wait"]
         assert srv.server.backlog.in_app == 0  # every call the guard ran is counted out
     print(f"\n{CALLS} calls during a {BLOCK:g} s block: {dict(codes)}; {messages}")
     assert codes["CANCELLED"] == 0, (codes, messages)
@@ -95,8 +119,47 @@ def test_with_refusal_by_age_off_grpc_still_cancels_none(tiny_repository: Path) 
     (served, or refused by --max-concurrent-rpcs), none CANCELLED."""
     with running_server(tiny_repository, max_backlog_wait=None) as srv:
         codes, messages = _send_while_blocked(srv)
-        refused = srv.metrics.registry.get_sample_value("textserve_backlog_refusals_total")
+        refused = sum(_refusals(srv).values())
     print(f"\n{CALLS} calls during a {BLOCK:g} s block, no refusal by age: {dict(codes)}")
     assert codes["CANCELLED"] == 0, (codes, messages)
     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, (codes, messages)
     assert refused == 0
+
+
+def _arriving_during_a_block(
+    srv: RunningServer, block: float = 2.5
+) -> tuple[Counter[str], set[str]]:
+    """Calls arriving steadily (40 every 50 ms) while the loop is blocked for `block` s: a
+    backlog that stands longer than a second, its calls of every age up to `block`."""
+
+    async def send(one: Callable[[int], Awaitable[None]]) -> None:
+        srv.loop.call_soon_threadsafe(time.sleep, block)
+        calls: list[asyncio.Future[None]] = []
+        for tick in range(round(block / 0.05)):
+            calls.extend(asyncio.ensure_future(one(tick * 40 + i)) for i in range(40))
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*calls)
+
+    return _run_client(srv, send)
+
+
+def test_a_standing_backlog_is_shed_down_to_the_target(tiny_repository: Path) -> None:
+    """A backlog older than --backlog-target-ms (100) for over a second, of calls arriving at
+    800/s to a server that has served a handful, is overload, not a stall: its calls older than
+    the target are refused as they are taken (the 100 ms message), not only those older than
+    --max-backlog-wait-ms (2 s)."""
+    with running_server(tiny_repository) as srv:
+        codes, messages = _arriving_during_a_block(srv)
+        refused = _refusals(srv)
+    print(f"\nsteady arrivals during a 2.5 s block: {dict(codes)}; {sorted(messages)}")
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, (codes, messages)
+    assert REFUSAL_MESSAGE.format(ms=100) in messages
+    assert codes["RESOURCE_EXHAUSTED"] > 0.6 * sum(codes.values())
+    assert 0 < refused["target"] <= sum(refused.values()) <= codes["RESOURCE_EXHAUSTED"]
+
+    with running_server(tiny_repository, backlog_target=None) as srv:  # the age bound only
+        codes, messages = _arriving_during_a_block(srv)
+    print(f"the same, --backlog-target-ms 0: {dict(codes)}; {sorted(messages)}")
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, (codes, messages)
+    assert messages <= {REFUSAL_MESSAGE.format(ms=2000)}
+    assert codes["RESOURCE_EXHAUSTED"] < 0.4 * sum(codes.values())

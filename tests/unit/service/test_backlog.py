@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from textserve.cli import build_parser
-from textserve.service.backlog import Backlog
+from textserve.service.backlog import REFUSAL_MESSAGE, Backlog
 from textserve.service.cli import build_config
 from textserve.service.config import ConfigError, ServerConfig
 
@@ -20,14 +20,17 @@ class Grpc:
     def __init__(self) -> None:
         self.started = 0
         self.ended = 0
+        self.failed = 0  # of those ended: refused (RESOURCE_EXHAUSTED), cancelled...
 
-    def read(self) -> tuple[int, int]:
-        return self.started, self.ended
+    def read(self) -> tuple[int, int, int]:
+        return self.started, self.ended, self.ended - self.failed
 
 
-def _backlog(max_wait: float | None = 1.0) -> tuple[Backlog, Grpc, list[float]]:
+def _backlog(
+    max_wait: float | None = 1.0, target: float | None = None
+) -> tuple[Backlog, Grpc, list[float]]:
     grpc, now = Grpc(), [0.0]
-    backlog = Backlog(max_wait, grpc.read, clock=lambda: now[0], interval=STEP)
+    backlog = Backlog(max_wait, grpc.read, target=target, clock=lambda: now[0], interval=STEP)
     return backlog, grpc, now
 
 
@@ -80,6 +83,71 @@ def test_calls_grpc_dropped_itself_are_not_waiting_forever() -> None:
     assert all(_tick(backlog, now) == 0 for _ in range(10))
 
 
+def _overloaded(backlog: Backlog, grpc: Grpc, now: list[float], seconds: float) -> list[int]:
+    """The loop takes 10 calls a sample, 20 arrive: the backlog grows; what the guard would
+    refuse at each sample (taken calls it refused are ended at once)."""
+    excess = []
+    for _ in range(round(seconds / STEP)):
+        grpc.started += 20
+        for _ in range(10):
+            backlog.entries += 1
+            grpc.ended += 1
+        excess.append(_tick(backlog, now))
+    return excess
+
+
+def test_a_standing_backlog_is_shed_down_to_the_target_after_a_second() -> None:
+    backlog, grpc, now = _backlog(max_wait=2.0, target=0.1)
+    excess = _overloaded(backlog, grpc, now, 1.5)
+    # calls are older than 0.1 s from the fifth sample (0.25 s) on; a second later they are shed
+    assert all(e == 0 for e in excess[:24]) and all(e > 0 for e in excess[27:])
+    assert "100 ms" in backlog.message
+    # 0.1 s of arrivals (40) stay waiting at most, the rest above it refused as taken
+    waiting = grpc.started - grpc.ended
+    assert waiting - excess[-1] <= 2 * 20 + 20
+    # without the target, the same overload refuses nothing for 2 s: every call waits 2 s
+    plain, grpc2, now2 = _backlog(max_wait=2.0)
+    assert not any(_overloaded(plain, grpc2, now2, 1.5))
+
+
+def test_a_stall_shorter_than_a_second_refuses_nothing() -> None:
+    backlog, grpc, now = _backlog(max_wait=2.0, target=0.1)
+    _tick(backlog, now)
+    for _ in range(3):  # three stalls of 0.8 s, the loop catching up in between
+        for _ in range(16):
+            grpc.started += 20
+            assert _tick(backlog, now, alive=False) == 0
+        grpc.ended = grpc.started
+        backlog.entries = grpc.ended
+        assert _tick(backlog, now) == 0
+    assert backlog.shed_until == 0
+
+
+def test_a_stall_at_a_rate_the_server_served_is_not_shed_to_the_target() -> None:
+    """A backlog standing longer than a second while calls arrive no faster than the server
+    served them a moment ago is a stall (a hot reload on shared cores): nothing is refused
+    before the age bound. The same stall under arrivals twice as fast is overload: shed."""
+    for rate, shed in ((10, False), (20, True)):
+        backlog, grpc, now = _backlog(max_wait=2.0, target=0.1)
+        for _ in range(60):  # 3 s at 10 calls a sample, each served at once
+            grpc.started += 10
+            grpc.ended += 10
+            backlog.entries += 10
+            assert _tick(backlog, now) == 0
+        excess = []
+        for _ in range(32):  # a stall of 1.6 s: calls arrive, none is taken
+            grpc.started += rate
+            excess.append(_tick(backlog, now, alive=False))
+        assert any(excess) is shed, (rate, excess)
+        assert backlog.message == REFUSAL_MESSAGE.format(ms=100 if shed else 2000)
+
+
+def test_the_target_must_be_shorter_than_the_bound() -> None:
+    assert Backlog(1.0, Grpc().read, target=0.1).target == 0.1
+    assert Backlog(1.0, Grpc().read, target=1.0).target is None
+    assert Backlog(None, Grpc().read, target=0.1).target is None
+
+
 def test_off_refuses_nothing_and_needs_no_reader() -> None:
     backlog, grpc, now = _backlog(max_wait=None)
     grpc.started = 10_000
@@ -94,7 +162,16 @@ def test_the_flag(flag: str, seconds: float | None) -> None:
     assert build_config(args).max_backlog_wait == seconds
 
 
+@pytest.mark.parametrize(("flag", "seconds"), [("50", 0.05), ("0", None)])
+def test_the_target_flag(flag: str, seconds: float | None) -> None:
+    args = build_parser().parse_args(["serve", "--backlog-target-ms", flag])
+    assert build_config(args).backlog_target == seconds
+
+
 def test_the_default_and_the_bounds() -> None:
-    assert build_config(build_parser().parse_args(["serve"])).max_backlog_wait == 2.0
+    config = build_config(build_parser().parse_args(["serve"]))
+    assert (config.max_backlog_wait, config.backlog_target) == (2.0, 0.1)
     with pytest.raises(ConfigError):
         ServerConfig(max_backlog_wait=31.0)
+    with pytest.raises(ConfigError, match="--backlog-target-ms"):
+        ServerConfig(backlog_target=-0.001)
