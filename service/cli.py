@@ -297,10 +297,9 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     flag(
         "backlog-target-ms",
         "0" if server.backlog_target is None else _text(server.backlog_target * 1e3),
-        "milliseconds of wait in grpc an overload's backlog is shed down to: once calls have "
-        "waited longer than this for a whole second while calls arrive faster than the server "
-        "has served them (overload, not a stall), they are answered RESOURCE_EXHAUSTED as they "
-        "are taken; 0: off (only --max-backlog-wait-ms)",
+        "milliseconds of wait in grpc an overload is shed to: calls that waited longer, for a "
+        "second, while calls arrive faster than the server has served them (overload, not a "
+        "stall), are answered RESOURCE_EXHAUSTED; 0: off (only --max-backlog-wait-ms)",
         type=float,
     )
 
@@ -484,9 +483,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             worker_timeout=args.worker_timeout,
             max_message_bytes=args.max_message_bytes,
             max_concurrent_rpcs=args.max_concurrent_rpcs or None,
-            max_backlog_wait=(
-                args.max_backlog_wait_ms / 1000.0 if args.max_backlog_wait_ms else None
-            ),
+            max_backlog_wait=args.max_backlog_wait_ms / 1e3 if args.max_backlog_wait_ms else None,
             backlog_target=args.backlog_target_ms / 1000.0 if args.backlog_target_ms else None,
             stream_max_inflight=args.stream_max_inflight,
             security=SecurityConfig(

@@ -159,7 +159,10 @@ def test_a_standing_backlog_is_shed_down_to_the_target(tiny_repository: Path) ->
 
     with running_server(tiny_repository, backlog_target=None) as srv:  # the age bound only
         codes, messages = _arriving_during_a_block(srv)
+        refused = _refusals(srv)
     print(f"the same, --backlog-target-ms 0: {dict(codes)}; {sorted(messages)}")
     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, (codes, messages)
+    # only calls older than 2 s refused (how many depends on how fast the loop drains after
+    # the block: 490-1,200 of 2,000 measured, the more the busier the machine)
     assert messages <= {REFUSAL_MESSAGE.format(ms=2000)}
-    assert codes["RESOURCE_EXHAUSTED"] < 0.4 * sum(codes.values())
+    assert refused["target"] == 0 and codes["OK"] > 0
