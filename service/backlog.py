@@ -157,18 +157,19 @@ class Backlog:
         self.max_wait = max_wait if read is not None else None  # None: nothing refused
         # a standing backlog is shed down to `target` (None: only calls past max_wait are)
         self.target = target if target is not None and max_wait and target < max_wait else None
+        # the refusals' message and the counter's label, by the bound they are refused for
         self._messages = {
-            bound: REFUSAL_MESSAGE.format(ms=bound * 1e3)
-            for bound in (max_wait or 0.0, self.target or 0.0)
+            "max_wait": REFUSAL_MESSAGE.format(ms=(max_wait or 0.0) * 1e3),
+            "target": REFUSAL_MESSAGE.format(ms=(self.target or 0.0) * 1e3),
         }
-        self.message = self._messages[max_wait or 0.0]
+        self.message = self._messages["max_wait"]
         self._standing = standing
         self._standing_since: float | None = None  # since when calls wait longer than target
         # calls served (ended OK) per second, the last minute's seconds: what the server has
         # shown it can serve, against which arrivals are overload or not
         self._served: collections.deque[float] = collections.deque(maxlen=60)
         self._second: tuple[float, int] | None = None  # (when, served) the current second began
-        self._bound = "max_wait"  # the bound of the refusals now: the counter's label
+        self._bound = "max_wait"  # the bound the next calls are refused for
         self.in_app = 0  # calls the guard runs now
         self.entries = 0  # calls the guard has taken, ever
         self.shed_until = 0  # the guard refuses a call while entries <= shed_until
@@ -225,7 +226,7 @@ class Backlog:
             self._second = (now, succeeded)
         # calls started before a moment and not taken yet waited longer than since that moment
         excess = self._started_at(cutoff) - self._phantom - taken
-        bound = self.max_wait
+        bound = "max_wait"
         if self.target is not None:
             young = self._started_at(now - self.target) - self._phantom - taken
             if young <= 0:
@@ -237,10 +238,9 @@ class Backlog:
                 and young > excess
                 and self._overloaded(now, started)
             ):
-                excess, bound = young, self.target  # overload, not a stall: shed it
+                excess, bound = young, "target"  # overload, not a stall: shed it
         if excess > 0:
-            self.message = self._messages[bound]
-            self._bound = "max_wait" if bound == self.max_wait else "target"
+            self._bound, self.message = bound, self._messages[bound]
             self.shed_until = entries + excess
         return max(0, excess)
 

@@ -33,6 +33,14 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def check_wait(flag: str, seconds: float | None, most: float) -> None:
+    """A wait set in milliseconds with 0 for off: None, or above 0 and at most `most` s."""
+    if seconds is not None and not 0 < seconds <= most:
+        raise ConfigError(
+            f"{flag} must be between 1 and {most * 1e3:g} (0: off), got {seconds * 1e3:g}"
+        )
+
+
 @dataclass(frozen=True)
 class BatcherConfig:
     max_batch_size: int = 64  # texts per batch
@@ -66,11 +74,7 @@ class BatcherConfig:
             )
         if self.max_queue_size < 1:
             raise ConfigError(f"--max-queue-size must be at least 1, got {self.max_queue_size}")
-        if self.max_queue_wait is not None and not 0 < self.max_queue_wait <= 600:
-            raise ConfigError(
-                "--max-queue-wait-ms must be between 1 and 600000 (0: off), "
-                f"got {self.max_queue_wait * 1e3:g}"
-            )
+        check_wait("--max-queue-wait-ms", self.max_queue_wait, 600)
         if not 0 <= self.max_padding_ratio <= 1:
             raise ConfigError(
                 f"--max-padding-ratio must be between 0 and 1, got {self.max_padding_ratio}"
@@ -308,16 +312,8 @@ class ServerConfig:
     worker_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.backlog_target is not None and not 0 < self.backlog_target <= 30:
-            raise ConfigError(
-                "--backlog-target-ms must be between 1 and 30000 (0: off), "
-                f"got {self.backlog_target * 1e3:g}"
-            )
-        if self.max_backlog_wait is not None and not 0 < self.max_backlog_wait <= 30:
-            raise ConfigError(
-                "--max-backlog-wait-ms must be between 1 and 30000 (0: off), "
-                f"got {self.max_backlog_wait * 1e3:g}"
-            )
+        check_wait("--backlog-target-ms", self.backlog_target, 30)
+        check_wait("--max-backlog-wait-ms", self.max_backlog_wait, 30)
         if self.otlp_endpoint is not None and not self.otlp_endpoint.strip():
             raise ConfigError("--otlp-endpoint must be an address (e.g. http://collector:4317)")
         if not 0 <= self.trace_sample_ratio <= 1:
