@@ -83,31 +83,90 @@ def test_calls_grpc_dropped_itself_are_not_waiting_forever() -> None:
     assert all(_tick(backlog, now) == 0 for _ in range(10))
 
 
+def _take(backlog: Backlog, grpc: Grpc, calls: int) -> tuple[int, int]:
+    """The loop takes `calls` calls as the guard does: it refuses those up to shed_until (they
+    end at once, failed), the others are served (and end); (served, refused)."""
+    refused = 0
+    for _ in range(calls):
+        backlog.entries += 1
+        grpc.ended += 1
+        if backlog.entries <= backlog.shed_until:
+            backlog.refuse()
+            grpc.failed += 1
+            refused += 1
+    return calls - refused, refused
+
+
 def _overloaded(backlog: Backlog, grpc: Grpc, now: list[float], seconds: float) -> list[int]:
-    """The loop takes 10 calls a sample, 20 arrive: the backlog grows; what the guard would
-    refuse at each sample (taken calls it refused are ended at once)."""
+    """Open loop: 20 calls arrive a sample whatever is answered, the loop takes 10 (it serves
+    10 a sample, refusing costs nothing here); what the guard would refuse at each sample."""
     excess = []
     for _ in range(round(seconds / STEP)):
         grpc.started += 20
-        for _ in range(10):
-            backlog.entries += 1
-            grpc.ended += 1
+        _take(backlog, grpc, 10 + max(0, backlog.shed_until - backlog.entries))
         excess.append(_tick(backlog, now))
     return excess
 
 
 def test_a_standing_backlog_is_shed_down_to_the_target_after_a_second() -> None:
     backlog, grpc, now = _backlog(max_wait=2.0, target=0.1)
-    excess = _overloaded(backlog, grpc, now, 1.5)
-    # calls are older than 0.1 s from the fifth sample (0.25 s) on; a second later they are shed
-    assert all(e == 0 for e in excess[:24]) and all(e > 0 for e in excess[27:])
+    excess = _overloaded(backlog, grpc, now, 4.0)
+    # calls are older than 0.1 s from the fifth sample (0.25 s) on and have waited for a second
+    # from 1.25 s, but arrivals are judged only against SETTLED (2) seconds served: shed from 2 s
+    assert all(e == 0 for e in excess[:39]) and all(e > 0 for e in excess[41:])
     assert "100 ms" in backlog.message
-    # 0.1 s of arrivals (40) stay waiting at most, the rest above it refused as taken
+    # the refused calls do not come back (an open loop): still shed two seconds later, the
+    # backlog held at 0.1 s of arrivals (40) or so
     waiting = grpc.started - grpc.ended
     assert waiting - excess[-1] <= 2 * 20 + 20
+    assert backlog.refused > 0.4 * grpc.started * (2 / 4)
     # without the target, the same overload refuses nothing for 2 s: every call waits 2 s
     plain, grpc2, now2 = _backlog(max_wait=2.0)
-    assert not any(_overloaded(plain, grpc2, now2, 1.5))
+    assert not any(_overloaded(plain, grpc2, now2, 1.9))
+
+
+def _closed_loop(backlog: Backlog, grpc: Grpc, now: list[float], seconds: float) -> list[int]:
+    """Callers that send again the moment they are answered: the loop takes 10 calls a sample
+    to serve and the refused ones besides (refusing costs it nothing here); every answered call
+    comes back at once. The calls refused at each sample."""
+    refused = []
+    for _ in range(round(seconds / STEP)):
+        shed = max(0, backlog.shed_until - backlog.entries)
+        _, refusals = _take(backlog, grpc, min(grpc.started - grpc.ended, 10 + shed))
+        grpc.started += 10 + refusals  # answered, back at once
+        refused.append(refusals)
+        _tick(backlog, now)
+    return refused
+
+
+def test_callers_that_come_back_at_once_are_not_shed_to_the_target() -> None:
+    """500 callers in a closed loop, the server serving 200 calls/s: a backlog of 2.5 s, so
+    the guard refuses the calls past max_wait, and they come straight back: arrivals exceed
+    what the server serves, but they are not new load. Shedding to the target must not begin
+    (its refusals, back at once, would keep it going for ever: ~95 % of the calls refused)."""
+    backlog, grpc, now = _backlog(max_wait=2.0, target=0.1)
+    grpc.started = 500
+    bounds = []
+    refused = []
+    for _ in range(160):  # 8 s
+        refused += _closed_loop(backlog, grpc, now, STEP)
+        bounds.append(backlog.message)
+    assert sum(refused[60:]) > 0  # the calls past max_wait are refused...
+    assert set(bounds[60:]) == {REFUSAL_MESSAGE.format(ms=2000)}  # ... and no others
+    assert sum(refused[60:]) < 0.5 * (grpc.started - 500) * (100 / 160)
+
+
+def test_a_closed_loop_standing_over_the_target_refuses_nothing() -> None:
+    """60 callers in a closed loop keep a backlog of 0.3 s (over the 0.1 s target) at the rate
+    the server serves; a stall past max_wait has the guard refuse the calls it held, which come
+    straight back: that is all it refuses."""
+    backlog, grpc, now = _backlog(max_wait=2.0, target=0.1)
+    grpc.started = 60
+    assert not any(_closed_loop(backlog, grpc, now, 3.0))
+    for _ in range(44):  # a stall of 2.2 s: nothing answered, nothing sent
+        _tick(backlog, now, alive=False)
+    refused = _closed_loop(backlog, grpc, now, 6.0)
+    assert refused[0] == 60 and not any(refused[1:]), refused
 
 
 def test_a_stall_shorter_than_a_second_refuses_nothing() -> None:
