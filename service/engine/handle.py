@@ -382,6 +382,8 @@ class ModelHandle:
         self._validate(texts)
         if pairs is not None:
             self._validate_pairs(texts, pairs)
+        if cut is not None and cut.max_tokens is not None:
+            self.runner.check_cut(cut)
         truncate = truncate or cut is not None
         max_chars = MAX_CHARS_PER_TOKEN * self.max_length
         shortened = self._cut_by_characters(texts, max_chars, "texts", truncate)

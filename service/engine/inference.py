@@ -370,12 +370,12 @@ class TextRunner:
             cut = p.options if isinstance(p.options, Cut) else None
             groups.setdefault((p.pair is not None, cut), []).append(row)
         for (paired, cut), rows in groups.items():
-            tokenization = self.tokenization if cut is None else self._cut(cut)
             texts = [payloads[row].text for row in rows]
             pairs = [payloads[row].pair or "" for row in rows] if paired else None
             if pairs is not None and cut is not None and cut.document_tokens is not None:
                 pairs = self._first_tokens(pairs, cut.document_tokens)
-            try:
+            try:  # a failure refuses this group's texts only, never the rest of the batch
+                tokenization = self.tokenization if cut is None else self._cut(cut)
                 results: Sequence[Row | TokenizationError] = tokenization.rows(
                     texts, pairs, type_ids=self.feeds_token_type_ids
                 )
@@ -384,6 +384,19 @@ class TextRunner:
             for row, result in zip(rows, results, strict=True):
                 encoded[row] = result
         return encoded
+
+    def check_cut(self, cut: Cut) -> None:
+        """ValidationError, before the request is queued, when its own truncation leaves no
+        room for a token of its text beside the tokenizer's special tokens."""
+        try:
+            self._cut(cut)
+        except TokenizationError:
+            specials = self.tokenization.tokenizer.num_special_tokens_to_add(False)
+            raise ValidationError(
+                f"the request keeps {cut.max_tokens} token(s) of each text, which model "
+                f"{self.name!r} needs for its {specials} special token(s) alone: keep at least "
+                f"{specials + 1}"
+            ) from None
 
     def _cut(self, cut: Cut) -> Tokenization:
         """The tokenization of a request's own Cut (kept per cut, a few dozen at most)."""
@@ -448,7 +461,8 @@ class TextRunner:
         """Why a text does not run (ValidationError), or None."""
         where = f"texts[{payload.position}]"
         if isinstance(result, TokenizationError):
-            return ValidationError(f"{where}: model {self.name!r} cannot take a pair: {result}")
+            what = "a pair" if payload.pair is not None else "it"
+            return ValidationError(f"{where}: model {self.name!r} cannot take {what}: {result}")
         if not result.ids:
             return ValidationError(
                 f"{where} gives no tokens (nothing of it is left after the tokenizer's "

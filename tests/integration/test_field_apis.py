@@ -396,3 +396,17 @@ def test_a_model_no_operation_can_use_runs_nothing(running: RunningServer, serve
     refused = post(server, "/v1/zero-shot", zero_shot)
     assert refused.status_code == 400 and "not exported as an NLI model" in refused.json()["error"]
     assert batched() == before
+
+
+def test_a_cut_shorter_than_the_special_tokens_is_refused_alone(server: str) -> None:
+    """vLLM's truncate_prompt_tokens below the tokenizer's special tokens ([CLS] and [SEP]
+    here) leaves no token of the text: 400 in the API's shape, before any inference (it was a
+    500 that failed every request of its batch); a request beside it is answered."""
+    for keep in (1, 2):
+        response = post(server, "/classify", {"input": ["a film"], "truncate_prompt_tokens": keep})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "BadRequestError" and error["code"] == 400
+        assert f"keeps {keep} token(s)" in error["message"] and "at least 3" in error["message"]
+    fine = post(server, "/classify", {"input": ["a film"], "truncate_prompt_tokens": 3})
+    assert fine.status_code == 200 and fine.json()["usage"]["prompt_tokens"] == 3

@@ -45,3 +45,29 @@ def test_the_runner_answers_alike_texts_from_the_cache_and_stores_what_it_ran(
     long = " ".join(["good"] * 9)
     refused = runner(items(long, truncate=False))
     assert sorted(refused.errors or {}) == [0] and view.lookup([long], truncate=True) == [None]
+
+
+def test_a_cut_that_fails_refuses_its_own_texts_never_the_batch(tmp_path: Path) -> None:
+    """One request's own truncation that the tokenization cannot take (refused up front by
+    ModelHandle, but whatever else fails there) refuses that request's texts; the other
+    requests of the batch are answered."""
+    from textserve.service.engine.inference import Cut
+    from textserve.tokenization import TokenizationError
+
+    handle, _ = load(tmp_path)
+    runner = handle.runner
+    bad = Cut(max_tokens=2, side="left")
+
+    def cut(wanted: Cut) -> object:
+        raise TokenizationError("max_length 2 leaves no room for a token")
+
+    runner._cut = cut  # type: ignore[method-assign]
+    payloads = [
+        TextItem("good film", True, 0, object()),
+        TextItem("a bad plot", True, 0, object(), None, bad),
+        TextItem("awful", True, 0, object()),
+    ]
+    output = runner(payloads)
+    assert sorted(output.errors or {}) == [1]
+    assert "cannot take it: max_length 2" in str((output.errors or {})[1])
+    assert output.outputs["answered"].tolist() == [True, False, True]
