@@ -97,6 +97,7 @@ async def classify_windows(
 ) -> ClassifyResult:
     """Classify each text (pair) by windows; the result has one row per text, and
     `windows` says how many each took."""
+    handle.validate(texts, pairs)  # before any splitting (pairs: one per text)
     tokenizer = handle.runner.tokenization.tokenizer
     longs = texts if pairs is None else pairs
     firsts: Sequence[str | None] = [None] * len(texts) if pairs is None else texts

@@ -365,6 +365,18 @@ class ModelHandle:
         if not self._active and self._inactive is not None:
             self._inactive.set()
 
+    def validate(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None) -> None:
+        """The checks classify() runs first on a request's texts and pairs, for a caller that
+        works on them before (windows.py splits them): ValidationError, LimitExceededError."""
+        if self.tags_tokens:
+            raise ValidationError(
+                f"model {self.name!r} is a token classifier (entities per text): send it to Tag "
+                "(POST /v1/tag); Classify is for sequence classifiers"
+            )
+        self._validate(texts)
+        if pairs is not None:
+            self._validate_pairs(texts, pairs)
+
     def _prepare(
         self,
         texts: Sequence[str],
@@ -374,14 +386,7 @@ class ModelHandle:
     ) -> tuple[list[TextItem], list[int], list[int]]:
         """Validate a request's texts (and pairs): the batcher's payloads and estimated
         lengths, and the positions of the texts cut by characters (see MAX_CHARS_PER_TOKEN)."""
-        if self.tags_tokens:
-            raise ValidationError(
-                f"model {self.name!r} is a token classifier (entities per text): send it to Tag "
-                "(POST /v1/tag); Classify is for sequence classifiers"
-            )
-        self._validate(texts)
-        if pairs is not None:
-            self._validate_pairs(texts, pairs)
+        self.validate(texts, pairs)
         if cut is not None and cut.max_tokens is not None:
             self.runner.check_cut(cut)
         truncate = truncate or cut is not None

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import requests
@@ -193,6 +194,19 @@ def test_bad_windows_are_refused(running: tuple[RunningServer, Path]) -> None:
         )
         (response,) = list(stream)
     assert response.error.code != 0 and "unary Classify" in response.error.message
+    # checked before any splitting, as without windows: pairs one per text (an INTERNAL
+    # before), a token classifier's refusal, the texts' limit
+    with srv.channel() as channel:
+        stub = pb_grpc.ClassifierStub(channel)
+        for request, words in [
+            (pb.ClassifyRequest(texts=["a", "b"], text_pairs=["c"]), "1 text pairs for 2 texts"),
+            (pb.ClassifyRequest(texts=[""] * 10_000), "10000 texts in one request"),
+        ]:
+            request.windows.CopyFrom(pb.Windows())
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Classify(request, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+            assert words in (refused.value.details() or ""), refused.value.details()
 
 
 def test_a_models_serving_json_makes_windows_its_default(
