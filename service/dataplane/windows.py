@@ -108,7 +108,21 @@ async def classify_windows(
             for one, first in zip(longs, firsts, strict=True)
         ]
 
-    pieces = await asyncio.to_thread(all_pieces)  # a long text takes ms to tokenize
+    with handle.held():  # the version waits for this request while its texts are split
+        pieces = await asyncio.to_thread(all_pieces)  # a long text takes ms to tokenize
+        return await _classify_pieces(handle, texts, pairs, pieces, windows, deadline, trace)
+
+
+async def _classify_pieces(
+    handle: ModelHandle,
+    texts: Sequence[str],
+    pairs: Sequence[str] | None,
+    pieces: list[list[str]],
+    windows: Windows,
+    deadline: float | None,
+    trace: BatchTrace | None,
+) -> ClassifyResult:
+    """The windows of each text (`pieces`) classified in one request, then aggregated."""
     counts = [len(p) for p in pieces]
     limit = handle.max_texts_per_request
     if sum(counts) > limit:

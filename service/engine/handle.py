@@ -11,9 +11,10 @@ length in characters (the characters per token the runner has seen so far).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -359,6 +360,18 @@ class ModelHandle:
                 time.perf_counter() - started,
             ),
         )
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A request in flight for the block, as classify() counts one: a caller that awaits
+        something of its own between repository.get() and classify() (windows.py splits long
+        texts on a thread) enters it in the same loop step as get(), so that a version retired
+        meanwhile waits for the request instead of closing under it (see drain())."""
+        self._active += 1
+        try:
+            yield
+        finally:
+            self._finish_one()
 
     def _finish_one(self) -> None:
         self._active -= 1

@@ -6,6 +6,7 @@ them), and the aggregate equals what the same windows give when sent one by one;
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import foreign
-from tests.serving import RunningServer, running_server
+from tests.serving import RunningServer, poll, running_server
 from textserve.artifact import TOKENIZER_FILE
 from textserve.service.dataplane.windows import split
 from textserve.tokenization import load_tokenizer
@@ -243,3 +244,56 @@ def test_windows_are_cut_between_words(running: tuple[RunningServer, Path]) -> N
         assert len(tok.encode(piece, add_special_tokens=False).ids) <= budget
         assert set(piece.split()) <= words  # no word cut in two
     assert "".join(pieces).replace(" ", "").startswith(text.replace(" ", "")[:200])
+
+
+def test_a_version_retired_while_a_text_is_split_waits_for_it(
+    running: tuple[RunningServer, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hot reload while a request's long text is being split into windows (on a thread, off
+    the loop): the version that took the request waits for it, as for any request in flight,
+    and answers it; it is not closed under it (that was UNAVAILABLE, a request lost)."""
+    import dataclasses
+    import threading
+
+    from textserve.artifact import Manifest
+    from textserve.service.dataplane import windows
+
+    _, source = running
+    repository = tmp_path / "models"
+    shutil.copytree(source, repository)
+    entered, release = threading.Event(), threading.Event()
+    real_split = windows.split
+
+    def held_split(*args: Any, **kwargs: Any) -> list[str]:
+        entered.set()
+        release.wait(30)
+        return real_split(*args, **kwargs)
+
+    monkeypatch.setattr(windows, "split", held_split)
+    answers: list[Any] = []
+    with running_server(repository, model="classifier", poll_interval=0.1) as srv:
+        with srv.channel() as channel:
+            stub = pb_grpc.ClassifierStub(channel)
+            request = pb.ClassifyRequest(texts=[long_text(400)], windows=pb.Windows())
+
+            def call() -> None:
+                try:
+                    answers.append(stub.Classify(request, timeout=60))
+                except grpc.RpcError as exc:
+                    answers.append(exc)
+
+            caller = threading.Thread(target=call)
+            caller.start()
+            assert entered.wait(30)
+            staging = repository / "classifier" / ".tmp-2"
+            shutil.copytree(repository / "classifier" / "1", staging)
+            manifest = Manifest.read(staging)
+            dataclasses.replace(manifest, version=2).write(staging)
+            staging.rename(repository / "classifier" / "2")
+            poll(lambda: srv.server.repository.get("classifier").version == 2, "version 2")
+            time.sleep(0.5)  # an idle retired version is closed at once
+            release.set()
+            caller.join(60)
+    (answer,) = answers
+    assert isinstance(answer, pb.ClassifyResponse), answer
+    assert answer.model_version == 1 and answer.results[0].windows > 1
