@@ -6,7 +6,6 @@ them), and the aggregate equals what the same windows give when sent one by one;
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -271,29 +270,33 @@ def test_a_version_retired_while_a_text_is_split_waits_for_it(
 
     monkeypatch.setattr(windows, "split", held_split)
     answers: list[Any] = []
-    with running_server(repository, model="classifier", poll_interval=0.1) as srv:
-        with srv.channel() as channel:
-            stub = pb_grpc.ClassifierStub(channel)
-            request = pb.ClassifyRequest(texts=[long_text(400)], windows=pb.Windows())
+    with (
+        running_server(repository, model="classifier", poll_interval=0.1) as srv,
+        srv.channel() as channel,
+    ):
+        stub = pb_grpc.ClassifierStub(channel)
+        request = pb.ClassifyRequest(texts=[long_text(400)], windows=pb.Windows())
 
-            def call() -> None:
-                try:
-                    answers.append(stub.Classify(request, timeout=60))
-                except grpc.RpcError as exc:
-                    answers.append(exc)
+        def call() -> None:
+            try:
+                answers.append(stub.Classify(request, timeout=60))
+            except grpc.RpcError as exc:
+                answers.append(exc)
 
-            caller = threading.Thread(target=call)
-            caller.start()
-            assert entered.wait(30)
-            staging = repository / "classifier" / ".tmp-2"
-            shutil.copytree(repository / "classifier" / "1", staging)
-            manifest = Manifest.read(staging)
-            dataclasses.replace(manifest, version=2).write(staging)
-            staging.rename(repository / "classifier" / "2")
-            poll(lambda: srv.server.repository.get("classifier").version == 2, "version 2")
-            time.sleep(0.5)  # an idle retired version is closed at once
-            release.set()
-            caller.join(60)
+        caller = threading.Thread(target=call)
+        caller.start()
+        assert entered.wait(30)
+        taken = srv.server.repository.get("classifier")  # version 1, splitting the text
+        staging = repository / "classifier" / ".tmp-2"
+        shutil.copytree(repository / "classifier" / "1", staging)
+        manifest = Manifest.read(staging)
+        dataclasses.replace(manifest, version=2).write(staging)
+        staging.rename(repository / "classifier" / "2")
+        poll(lambda: srv.server.repository.get("classifier").version == 2, "version 2")
+        # version 1 retired: waiting for its requests in flight, or (none counted) closed
+        poll(lambda: taken._inactive is not None or taken.batcher._closed, "version 1 retired")
+        release.set()
+        caller.join(60)
     (answer,) = answers
     assert isinstance(answer, pb.ClassifyResponse), answer
     assert answer.model_version == 1 and answer.results[0].windows > 1
