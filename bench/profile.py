@@ -12,8 +12,11 @@ per target: texts/s, p50/p99, the server process's CPU per request and per text 
 same clock for every target) and that CPU as a multiple of the echo server's. With
 `--flamegraphs DIR` each textserve target is sampled by py-spy (`--idle` off, native frames
 off) and written as DIR/<target>-c<callers>-t<texts>.svg; the sampling itself costs a few per
-cent of CPU, the same for every target. The run is repeated `--rounds` times, alternating targets,
-so a noisy machine shows as spread between rounds rather than as a wrong ratio.
+cent of CPU, the same for every target. With `--threads`, the same CPU by thread (/proc/PID/task
+at the window's ends; the threads' Python names from `py-spy dump` after it): the event loop,
+the inference thread, grpc's poller and event-engine threads, the backlog sampler — which one a
+change moved, and which one is the wall. The run is repeated `--rounds` times, alternating
+targets, so a noisy machine shows as spread between rounds rather than as a wrong ratio.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from textserve import procfs
@@ -53,6 +56,62 @@ class Row:
     errors: int
     cpu_ms_per_request: float
     cpu_ms_per_text: float
+    # --threads: the server's CPU per request by thread role (thread_role), ms
+    threads: dict[str, float] = field(default_factory=dict)
+
+
+# A thread's role by its name (py-spy's Python name, else the kernel's): the first match wins.
+ROLES = (
+    ("MainThread", "event loop"),
+    ("infer-", "inference"),
+    ("engine-", "inference"),
+    ("_poll_wrapper", "grpc poller"),
+    ("event_engine", "grpc event engine"),
+    ("grpc-backlog", "backlog sampler"),
+    ("asyncio_", "executor"),
+)
+
+
+def thread_role(name: str) -> str:
+    """The role of a thread named `name` (ROLES), else its name without trailing digits."""
+    for part, role in ROLES:
+        if part in name:
+            return role
+    return name.rstrip("0123456789_-:") or name
+
+
+def per_thread(
+    before: dict[int, tuple[str, float]],
+    after: dict[int, tuple[str, float]],
+    names: dict[int, str],
+    requests: int,
+) -> dict[str, float]:
+    """CPU ms per request by thread role between two procfs.thread_cpu_seconds snapshots
+    (`names`: Python's thread names by tid, from py-spy; the kernel's where missing). Roles under
+    a microsecond a request are left out."""
+    roles: dict[str, float] = {}
+    for tid, (comm, cpu) in after.items():
+        spent = cpu - before.get(tid, (comm, 0.0))[1]
+        role = thread_role(names.get(tid, comm))
+        roles[role] = roles.get(role, 0.0) + spent / max(1, requests) * 1e3
+    return {role: ms for role, ms in sorted(roles.items(), key=lambda r: -r[1]) if ms >= 1e-3}
+
+
+def _python_thread_names(pid: int) -> dict[int, str]:
+    """{tid: Python thread name} from `py-spy dump` (empty without py-spy)."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return {}
+    dump = subprocess.run(
+        [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    names = {}
+    for line in dump.splitlines():  # Thread 19410 (idle): "MainThread"
+        if line.startswith("Thread ") and '"' in line:
+            tid = line.split()[1]
+            with contextlib.suppress(ValueError):
+                names[int(tid, 16) if tid.startswith("0x") else int(tid)] = line.split('"')[1]
+    return names
 
 
 @contextlib.contextmanager
@@ -87,9 +146,12 @@ def _measure(
     pool = build_requests(texts, "v1", args.texts_per_request, model, seed=round_)
     assert server.pid is not None
     cpu: list[float] = []
+    threads: list[dict[int, tuple[str, float]]] = []
 
     async def probe() -> None:
         cpu.append(procfs.tree_cpu_seconds(server.pid) or 0.0)  # type: ignore[arg-type]
+        if args.threads:
+            threads.append(procfs.thread_cpu_seconds(server.pid))  # type: ignore[arg-type]
 
     with _sampled(server.pid, svg, args.duration):
         raw, _ = asyncio.run(
@@ -105,6 +167,10 @@ def _measure(
         )
     requests = max(1, raw.requests_done)
     seconds = cpu[-1] - cpu[0] if len(cpu) >= 2 else float("nan")
+    by_thread = {}
+    if len(threads) >= 2:  # named after the window: py-spy's dump stops the process a moment
+        names = _python_thread_names(server.pid)
+        by_thread = per_thread(threads[0], threads[-1], names, requests)
     step = summarize(raw, os.cpu_count() or 1)
     return Row(
         target=label,
@@ -118,6 +184,7 @@ def _measure(
         errors=sum(raw.errors.values()),
         cpu_ms_per_request=seconds / requests * 1e3,
         cpu_ms_per_text=seconds / max(1, raw.texts) * 1e3,
+        threads=by_thread,
     )
 
 
@@ -178,6 +245,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "process'), beside the others",
     )
     parser.add_argument("--flamegraphs", type=Path, help="write py-spy SVGs here")
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="also the server's CPU per request by thread (event loop, inference, grpc's "
+        "threads...; names from py-spy)",
+    )
     parser.add_argument("--output", type=Path, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     texts = load_texts(args.texts or Path("runs") / args.model)
@@ -199,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"cpu {row.cpu_ms_per_request:.3f} ms/request",
                     flush=True,
                 )
+                if row.threads:
+                    shares = ", ".join(f"{role} {ms:.3f}" for role, ms in row.threads.items())
+                    print(f"    by thread, ms/request: {shares}", flush=True)
     _report(rows)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -227,6 +303,13 @@ def _report(rows: list[Row]) -> None:
             f"{statistics.median(r.p50_ms for r in mine):8.1f} "
             f"{statistics.median(r.p99_ms for r in mine):8.1f} {cpu:11.3f} {cpu / floor:7.2f}"
         )
+    for label in labels:  # --threads: medians by role
+        mine = [r for r in rows if r.target == label and r.threads]
+        roles = list(dict.fromkeys(role for r in mine for role in r.threads))
+        if roles:
+            medians = [statistics.median(r.threads.get(role, 0.0) for r in mine) for role in roles]
+            shares = ", ".join(f"{role} {ms:.3f}" for role, ms in zip(roles, medians, strict=True))
+            print(f"{label:<12} by thread, ms/request: {shares}")
 
 
 def _cpu_name() -> str:

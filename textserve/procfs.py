@@ -4,6 +4,7 @@ there is no /proc or the process is gone, never raises for that.
 
     stat = process_stat(pid)              # ProcessStat(ppid, cpu_seconds, rss_bytes, start)
     tree_cpu_seconds(pid)                 # the process and its live descendants
+    thread_cpu_seconds(pid)               # {tid: (its name, its CPU seconds)}
     status_number("self", "VmRSS")        # a /proc/PID/status field's number (VmRSS: KiB)
 """
 
@@ -44,6 +45,29 @@ def process_stat(pid: int | str) -> ProcessStat | None:
         )
     except (IndexError, ValueError):
         return None
+
+
+def thread_cpu_seconds(pid: int | str) -> dict[int, tuple[str, float]]:
+    """Each thread of the process: {tid: (its name as the kernel has it, user + system CPU
+    seconds)}; empty when the process is gone."""
+    threads: dict[int, tuple[str, float]] = {}
+    try:
+        tids = [int(tid) for tid in os.listdir(PROC / str(pid) / "task")]
+    except (OSError, ValueError):
+        return threads
+    for tid in tids:
+        try:
+            raw = (PROC / str(pid) / "task" / str(tid) / "stat").read_bytes()
+        except OSError:
+            continue  # ended meanwhile
+        head, _, tail = raw.rpartition(b")")
+        fields = tail.split()
+        try:
+            cpu = (int(fields[11]) + int(fields[12])) / _TICK
+        except (IndexError, ValueError):
+            continue
+        threads[tid] = (head.partition(b"(")[2].decode(errors="replace"), cpu)
+    return threads
 
 
 def pids() -> Iterator[int]:
