@@ -99,7 +99,7 @@ def per_thread(
 
 def _python_thread_names(pid: int) -> dict[int, str]:
     """{tid: Python thread name} from `py-spy dump` (empty without py-spy)."""
-    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    spy = _py_spy()
     if spy is None:
         return {}
     dump = subprocess.run(
@@ -114,10 +114,15 @@ def _python_thread_names(pid: int) -> dict[int, str]:
     return names
 
 
+def _py_spy() -> str | None:
+    """py-spy on PATH or beside this interpreter (the venv's dev extras), else None."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+
+
 @contextlib.contextmanager
 def _sampled(pid: int, svg: Path | None, seconds: float) -> Iterator[None]:
     """py-spy record the process for `seconds` into `svg` (nothing when svg is None)."""
-    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    spy = _py_spy()
     if svg is None or spy is None:
         yield
         return

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import os
 import random
 import shutil
 import subprocess
@@ -42,9 +43,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from textserve.artifact import Manifest, newest_version  # noqa: E402
-from textserve.bench.loadgen import open_loop  # noqa: E402
+from textserve.bench.loadgen import closed_loop, open_loop  # noqa: E402
 from textserve.bench.process import poll, serve_command, spawn  # noqa: E402
-from textserve.bench.requests import build_requests, load_texts  # noqa: E402
+from textserve.bench.requests import RequestPool, build_requests, load_texts  # noqa: E402
+from textserve.bench.stats import summarize  # noqa: E402
 from textserve.client import Client  # noqa: E402
 from textserve.results import ClientError  # noqa: E402
 
@@ -168,7 +170,7 @@ def _scenario(
     print(f"version {_publish_next(model_dir)} published", flush=True)
     at(2 / 3)
     pool = build_requests(texts, "v1", 1, args.model)
-    rate = args.overload * _served_rate(address, texts)
+    rate = args.overload * _served_rate(address, pool)
     print(f"open loop at {rate:,.0f} requests/s for 20 s", flush=True)
     asyncio.run(open_loop(address, pool, rate, warmup=0.0, duration=20.0, connections=4))
     at(1.0)
@@ -177,25 +179,10 @@ def _scenario(
         thread.join(timeout=30)
 
 
-def _served_rate(address: str, texts: list[str]) -> float:
+def _served_rate(address: str, pool: RequestPool) -> float:
     """Requests per second one text at a time from 32 callers for 3 s: the rate to overload."""
-    done = [0]
-    stop = threading.Event()
-
-    def one() -> None:
-        with Client(address, timeout=10) as client:
-            while not stop.is_set():
-                client.classify([random.choice(texts)])
-                done[0] += 1
-
-    workers = [threading.Thread(target=one, daemon=True) for _ in range(32)]
-    for worker in workers:
-        worker.start()
-    time.sleep(3.0)
-    stop.set()
-    for worker in workers:
-        worker.join(timeout=30)
-    return done[0] / 3.0
+    raw, _ = asyncio.run(closed_loop(address, pool, 32, warmup=0.5, duration=3.0))
+    return float(summarize(raw, os.cpu_count() or 1)["throughput_requests_per_s"])
 
 
 def main(argv: list[str] | None = None) -> int:

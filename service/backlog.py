@@ -263,34 +263,36 @@ class Backlog:
             self._standing_since = now
         if now - self._standing_since < self._standing or not beyond:
             return False
-        arrived = started - self._started_at(now - 1.0)
+        second_ago = self._at(now - 1.0)
+        if second_ago is None:  # not sampling for a second yet
+            self._shedding = False
+            return False
+        arrived = started - second_ago[1]
         if not self._shedding:  # refused callers that came straight back are not new load
-            arrived -= self.refused - self._at(now - 1.0)[2]
-        self._shedding = self._overloaded(now, arrived)
+            arrived -= self.refused - second_ago[2]
+        self._shedding = self._overloaded(arrived)
         return self._shedding
 
-    def _overloaded(self, now: float, arrived: int) -> bool:
+    def _overloaded(self, arrived: int) -> bool:
         """`arrived` calls in the last second are more than OVERLOAD x the most the server
         served in any second of the last minute: more than it can serve, not a stall it will
         catch up with (during a stall arrivals go on at the rate the server was serving)."""
-        if self._history[0][0] > now - 1.0 or len(self._served) < SETTLED:
-            return False  # not sampling for long enough yet
-        return arrived > OVERLOAD * max(self._served, default=0.0)
+        if len(self._served) < SETTLED:
+            return False  # not counting served calls for long enough yet
+        return arrived > OVERLOAD * max(self._served)
 
-    def _at(self, moment: float) -> tuple[float, int, int]:
-        """The last sample at or before `moment` (the first one when none is that old)."""
+    def _at(self, moment: float) -> tuple[float, int, int] | None:
+        """The last sample at or before `moment`; None when sampling has not reached back."""
         for sample in reversed(self._history):
             if sample[0] <= moment:
                 return sample
-        return self._history[0]
+        return None
 
     def _started_at(self, moment: float) -> int:
         """grpc's started count at the last sample at or before `moment`: the calls that
         arrived before it (hugely negative when sampling has not reached back that far)."""
-        for when, started, _ in reversed(self._history):
-            if when <= moment:
-                return started
-        return -(1 << 62)  # not sampling for that long yet: nothing known to be that old
+        sample = self._at(moment)
+        return -(1 << 62) if sample is None else sample[1]  # none known to be that old
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """The sampler thread and the loop's heartbeat (nothing when off)."""

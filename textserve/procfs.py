@@ -27,15 +27,24 @@ class ProcessStat(NamedTuple):
     start: str  # clock ticks since boot at its start: with the pid, one process for good
 
 
-def process_stat(pid: int | str) -> ProcessStat | None:
-    """/proc/PID/stat (pid or "self"); None when there is no such process."""
+def _stat(path: Path) -> tuple[str, list[bytes]] | None:
+    """A stat file (/proc/PID/stat, /proc/PID/task/TID/stat): the command, and the fields after
+    it (the command may hold spaces and parentheses: state is field 3, ppid 4, utime 14, stime
+    15, starttime 22, rss 24 in man 5 proc, so 0, 1, 11, 12, 19, 21 here); None when gone."""
     try:
-        raw = (PROC / str(pid) / "stat").read_bytes()
+        raw = path.read_bytes()
     except OSError:
         return None
-    # after the command (which may hold spaces and parentheses): state is field 3, ppid 4,
-    # utime 14, stime 15, starttime 22, rss 24 (man 5 proc)
-    fields = raw.rpartition(b")")[2].split()
+    head, _, tail = raw.rpartition(b")")
+    return head.partition(b"(")[2].decode(errors="replace"), tail.split()
+
+
+def process_stat(pid: int | str) -> ProcessStat | None:
+    """/proc/PID/stat (pid or "self"); None when there is no such process."""
+    stat = _stat(PROC / str(pid) / "stat")
+    if stat is None:
+        return None
+    fields = stat[1]
     try:
         return ProcessStat(
             int(fields[1]),
@@ -56,17 +65,14 @@ def thread_cpu_seconds(pid: int | str) -> dict[int, tuple[str, float]]:
     except (OSError, ValueError):
         return threads
     for tid in tids:
-        try:
-            raw = (PROC / str(pid) / "task" / str(tid) / "stat").read_bytes()
-        except OSError:
+        stat = _stat(PROC / str(pid) / "task" / str(tid) / "stat")
+        if stat is None:
             continue  # ended meanwhile
-        head, _, tail = raw.rpartition(b")")
-        fields = tail.split()
+        name, fields = stat
         try:
-            cpu = (int(fields[11]) + int(fields[12])) / _TICK
+            threads[tid] = (name, (int(fields[11]) + int(fields[12])) / _TICK)
         except (IndexError, ValueError):
             continue
-        threads[tid] = (head.partition(b"(")[2].decode(errors="replace"), cpu)
     return threads
 
 
