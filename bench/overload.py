@@ -136,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--http-pool", type=int, default=HTTP_POOL,
         help=f"the HTTP client's connections at most (default {HTTP_POOL}; 0: unbounded)",
     )  # fmt: skip
+    parser.add_argument(
+        "--server-nice", type=int, default=0,
+        help="niceness added to the server's processes, so that the load generator on the same "
+        "cores is not the one starved (0: same priority)",
+    )  # fmt: skip
     parser.add_argument("--p99-bound", type=float, default=3.0)
     parser.add_argument("--refusal-bound-ms", type=float, default=50.0)
     parser.add_argument("--output", type=Path, help="write overload.json and overload.txt here")
@@ -144,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):
         flags = ["--workers", str(workers), *args.server_args.split()]
-        with spawn(serve_command(args.repository, args.model, flags), cwd=Path.cwd()) as server:
+        command = serve_command(args.repository, args.model, flags)
+        with spawn(command, cwd=Path.cwd(), niceness=args.server_nice) as server:
             for api in args.apis.split(","):
                 rows.append(measure(server, workers, api, texts, args))
                 print(table(rows[-1:], "").splitlines()[-1], flush=True)

@@ -122,13 +122,16 @@ def spawn(
     log: Path | None = None,
     stop_timeout: float = 30.0,
     inherit_env: bool = True,
+    niceness: int = 0,
 ) -> Iterator[ServerProcess]:
     """Run `command --ready-file PATH` (a server that writes PATH once it serves) until the
     block ends; its output is kept in memory (`.text()`) or written to `log`. On exit: SIGTERM,
     the graceful drain, and SIGKILL if it has not stopped within `stop_timeout` s.
     ServerStartError with the end of its output when it exits or times out before ready.
     `env` is added to this process's environment, or with inherit_env=False is all of it (an
-    installed server that must not see this checkout's PYTHONPATH)."""
+    installed server that must not see this checkout's PYTHONPATH). `niceness` is added to the
+    server's (and so its workers' and threads') scheduling niceness: a load generator on the
+    same cores then gets the CPU it needs first (bench.overload --server-nice)."""
     with tempfile.TemporaryDirectory(prefix="textserve-ready-") as folder:
         ready_file = Path(folder) / "ready.json"
         full = [*command, "--ready-file", str(ready_file)]
@@ -142,6 +145,7 @@ def spawn(
                 stderr=subprocess.STDOUT,
                 text=True,
                 env={**(os.environ if inherit_env else {}), "PYTHONUNBUFFERED": "1", **(env or {})},
+                preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
             )
         reader = threading.Thread(
             target=lambda: output.extend(process.stdout or ()), name="server-output", daemon=True
