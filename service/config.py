@@ -273,6 +273,14 @@ class ServerConfig:
     # with 0 CANCELLED and the accepted calls' p99 at 2.7x the closed-loop p99 (256: 1.4x,
     # 1024: 3.9x; no limit: 7,062 CANCELLED and 17x).
     max_concurrent_rpcs: int | None = 512
+    # gRPC calls one connection may have open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): a client
+    # holds its further calls until one ends, so that a few connections cannot fill grpc core
+    # past the calls it holds without cancelling them (backlog.PENDING_CAP: 14,000 calls in a
+    # 6 s stall over 4 connections, 3,998 CANCELLED without it, 0 with 1,024;
+    # docs/operations.md, "Calls grpc holds"). One a client sends past it is refused
+    # UNAVAILABLE (RST_STREAM REFUSED_STREAM: it never ran; retryable). None: grpc's default,
+    # no limit. 1,024: twice max_concurrent_rpcs, so one connection can still fill the server.
+    max_streams_per_connection: int | None = 1024
     # Seconds a gRPC call may wait in grpc core before the server takes it (while its event loop
     # is busy): one that waited longer is answered RESOURCE_EXHAUSTED as soon as it is taken,
     # instead of grpc cancelling the calls it holds (CANCELLED, past 1,000 held calls or 30 s;
@@ -355,6 +363,13 @@ class ServerConfig:
             raise ConfigError(
                 f"--max-concurrent-rpcs must be at least 1 (0: no limit), "
                 f"got {self.max_concurrent_rpcs}"
+            )
+        if self.max_streams_per_connection is not None and not (
+            1 <= self.max_streams_per_connection < 2**31
+        ):
+            raise ConfigError(
+                f"--max-streams-per-connection must be 1 to 2147483647 (0: no limit), "
+                f"got {self.max_streams_per_connection}"
             )
         if self.stream_max_inflight < 1:
             raise ConfigError(

@@ -298,6 +298,15 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
     )
     flag(
+        "max-streams-per-connection",
+        _text(server.max_streams_per_connection),
+        "gRPC calls one connection may have open (HTTP/2 max concurrent streams): a client "
+        "holds its further calls until one ends, so grpc never holds more calls than it can "
+        "without cancelling them; a call sent past it anyway is refused UNAVAILABLE "
+        "(REFUSED_STREAM: it never ran, retryable); 0: no limit",
+        type=int,
+    )
+    flag(
         "max-backlog-wait-ms",
         ms_text(server.max_backlog_wait),
         "milliseconds a gRPC call may wait in grpc before the server takes it (a busy event "

@@ -231,6 +231,8 @@ def create_server(
     )
     gate = DrainGate(metrics)
     before = server_ids()  # grpc's counts of this server are channelz's new one (backlog.py)
+    limit = config.max_streams_per_connection
+    streams_limit = [] if limit is None else [("grpc.max_concurrent_streams", limit)]
     grpc_server = grpc.aio.server(
         # authentication only (when on): a refused call is neither parsed nor served. The
         # drain's gate and the decode guard sit on each method handler (GuardedRegistrar):
@@ -248,6 +250,9 @@ def create_server(
             # memory bound it does not reach: the backlog is refused by age first (backlog.py).
             ("grpc.server.max_pending_requests", PENDING_CAP),
             ("grpc.server.max_pending_requests_hard_limit", PENDING_CAP),
+            # ... and a few connections cannot fill it: a client holds its calls past this
+            # many open on one connection (HTTP/2 max concurrent streams).
+            *streams_limit,
         ],
     )
     backlog = Backlog(

@@ -166,3 +166,41 @@ def test_a_standing_backlog_is_shed_down_to_the_target(tiny_repository: Path) ->
     # the block: 490-1,200 of 2,000 measured, the more the busier the machine)
     assert messages <= {REFUSAL_MESSAGE.format(ms=2000)}
     assert refused["target"] == 0 and codes["OK"] > 0
+
+
+FLOOD = 14_000  # calls during a longer block: past PENDING_CAP (10,000) if grpc held them all
+FLOOD_BLOCK = 6.0
+
+
+def _flood(srv: RunningServer) -> tuple[Counter[str], set[str]]:
+    """FLOOD calls over CONNECTIONS connections while the loop is blocked FLOOD_BLOCK s."""
+
+    async def send(one: Callable[[int], Awaitable[None]]) -> None:
+        srv.loop.call_soon_threadsafe(time.sleep, FLOOD_BLOCK)
+        await asyncio.gather(*(one(i) for i in range(FLOOD)))
+
+    return _run_client(srv, send)
+
+
+def test_a_flood_past_grpcs_cap_is_held_by_the_clients_never_cancelled(
+    tiny_repository: Path,
+) -> None:
+    """More calls than grpc core holds without cancelling (PENDING_CAP), sent over a few
+    connections while the loop is stuck: with --max-streams-per-connection (1,024, the
+    default) each connection has at most that many open, the clients hold the rest, and every
+    call ends OK or refused retryably — RESOURCE_EXHAUSTED by age, or UNAVAILABLE with
+    REFUSED_STREAM for one sent past the limit (it never ran). With no limit, grpc cancels
+    what it holds past its cap: the hazard the limit is for."""
+    with running_server(tiny_repository) as srv:
+        codes, messages = _flood(srv)
+    print(f"\n{FLOOD} calls during a {FLOOD_BLOCK:g} s block: {dict(codes)}; {sorted(messages)}")
+    assert sum(codes.values()) == FLOOD
+    assert codes["CANCELLED"] == 0, (codes, messages)
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "UNAVAILABLE"}, (codes, messages)
+    unavailable = {m for m in messages if not m.startswith("the server is overloaded")}
+    assert all("RST_STREAM" in m and "error code 7" in m for m in unavailable), unavailable
+
+    with running_server(tiny_repository, max_streams_per_connection=None) as srv:
+        codes, messages = _flood(srv)
+    print(f"the same, no limit: {dict(codes)}")
+    assert codes["CANCELLED"] > 0, (codes, messages)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from textserve.cli import build_parser
+from textserve.cli import CliError, build_parser
 from textserve.service.backlog import REFUSAL_MESSAGE, Backlog
 from textserve.service.cli import build_config
 from textserve.service.config import ConfigError, ServerConfig
@@ -234,3 +234,16 @@ def test_the_default_and_the_bounds() -> None:
         ServerConfig(max_backlog_wait=31.0)
     with pytest.raises(ConfigError, match="--backlog-target-ms"):
         ServerConfig(backlog_target=-0.001)
+
+
+@pytest.mark.parametrize(("flag", "limit"), [(None, 1024), ("64", 64), ("0", None)])
+def test_the_streams_flag(flag: str | None, limit: int | None) -> None:
+    extra = [] if flag is None else ["--max-streams-per-connection", flag]
+    args = build_parser().parse_args(["serve", *extra])
+    assert build_config(args).max_streams_per_connection == limit
+
+
+def test_the_streams_flag_refuses_a_negative_count() -> None:
+    args = build_parser().parse_args(["serve", "--max-streams-per-connection", "-1"])
+    with pytest.raises(CliError, match="--max-streams-per-connection must be 1 to"):
+        build_config(args)
