@@ -47,6 +47,7 @@ from textserve.v1 import classifier_pb2_grpc as pb_grpc
 TEXTS = ["a gripping, beautifully acted film", "dull", "the plot is a mess and far too long"]
 WARMUP = 60.0  # seconds left out of the slopes: allocators and caches fill first
 KILL_GRACE = 5.0  # errors this long after the worker kill are its in-flight calls
+MESSAGES = 50  # distinct failure messages counted apart
 # The bound on memory growth: a process is flat when the median RSS of its last minute exceeds
 # that of its first minute after warm-up by at most GROWTH_MB or GROWTH_FRACTION of it, the
 # larger. Medians over a minute each, so that one reload's second session (the old version is
@@ -96,6 +97,16 @@ def publish_copy(model_dir: Path) -> int:
     return number
 
 
+def tally(messages: Counter[str], code: str, details: str) -> None:
+    """Count a failure under "CODE: message" (its first 200 characters), up to MESSAGES
+    distinct keys; the failures past them under "(other)"."""
+    key = f"{code}: {details[:200]}"
+    if key in messages or len(messages) < MESSAGES:
+        messages[key] += 1
+    else:
+        messages["(other)"] += 1
+
+
 class Load:
     """Open-loop unary calls over `connections` channels plus one busy ClassifyStream, on an
     event loop of its own thread; counts outcomes with the time of each failure."""
@@ -105,7 +116,9 @@ class Load:
         self.with_stream = stream
         self.codes: Counter[str] = Counter()
         self.failures: list[tuple[float, str]] = []
-        self.messages: list[str] = []  # the first few failures' status messages
+        # every failure's status and message, counted ("RESOURCE_EXHAUSTED: ... 100 ms ...": which
+        # bound refused), up to MESSAGES distinct ones (the rest under "(other)")
+        self.messages: Counter[str] = Counter()
         self.streamed = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
@@ -128,8 +141,7 @@ class Load:
             self.codes["OK"] += 1
         except grpc.aio.AioRpcError as exc:
             self._fail(exc.code().name)
-            if len(self.messages) < 10:
-                self.messages.append(exc.details() or "")
+            tally(self.messages, exc.code().name, exc.details() or "")
 
     async def _stream(self, stub: Any) -> None:
         while not self._stop.is_set():
@@ -293,7 +305,7 @@ def summarize(
         "ok": load.codes["OK"],
         "streamed": load.streamed,
         "codes": dict(load.codes),
-        "messages": load.messages,  # the first failures' status messages: who answered them
+        "messages": dict(load.messages),  # each failure's status and message: who answered it
         "errors": len(load.failures),
         "errors_of_the_killed_worker": len(by_kill),
         "errors_otherwise": len(load.failures) - len(by_kill),

@@ -3,9 +3,11 @@ medians, against the stated bound; a reload's brief second session is not growth
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from textserve.bench.soak import GROWTH_MB, WARMUP, rss_growth
+from textserve.bench.soak import GROWTH_MB, MESSAGES, WARMUP, rss_growth, tally
 
 
 def series(seconds: int, rss: float, slope_per_minute: float = 0.0) -> list[tuple[float, float]]:
@@ -37,3 +39,17 @@ def test_a_process_too_short_lived_is_not_judged() -> None:
     # a replacement worker is judged from its own first sample, not the soak's start
     late = [(t + 240.0, v) for t, v in series(240, 100.0)]
     assert rss_growth(late) is not None
+
+
+def test_every_failure_message_is_counted_up_to_a_bound() -> None:
+    messages: Counter[str] = Counter()
+    for _ in range(3):
+        tally(messages, "RESOURCE_EXHAUSTED", "calls waited longer than 100 ms")
+    tally(messages, "UNAVAILABLE", "x" * 1000)
+    assert messages["RESOURCE_EXHAUSTED: calls waited longer than 100 ms"] == 3
+    assert messages[f"UNAVAILABLE: {'x' * 200}"] == 1  # cut to 200 characters
+    for i in range(2 * MESSAGES):
+        tally(messages, "INTERNAL", f"distinct {i}")
+    assert len(messages) == MESSAGES + 1  # the bound, and "(other)" for the rest
+    assert messages["(other)"] == 2 * MESSAGES - (MESSAGES - 2)
+    assert sum(messages.values()) == 4 + 2 * MESSAGES
