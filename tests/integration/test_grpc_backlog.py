@@ -82,14 +82,16 @@ def _run_client(srv: RunningServer, send: Send) -> tuple[Counter[str], set[str]]
     return codes, messages
 
 
-def _send_while_blocked(srv: RunningServer) -> tuple[Counter[str], list[str]]:
-    """Block the server's loop, send CALLS calls meanwhile, wait for every answer, then send
-    AFTER calls one by one: the status of each (and the distinct messages)."""
+def _send_while_blocked(
+    srv: RunningServer, calls: int = CALLS, block: float = BLOCK, after: int = AFTER
+) -> tuple[Counter[str], list[str]]:
+    """Block the server's loop for `block` s, send `calls` calls meanwhile, wait for every
+    answer, then send `after` calls one by one: the status of each (and the distinct messages)."""
 
     async def send(one: Callable[[int], Awaitable[None]]) -> None:
-        srv.loop.call_soon_threadsafe(time.sleep, BLOCK)  # the server's loop: busy
-        await asyncio.gather(*(one(i) for i in range(CALLS)))
-        for i in range(AFTER):  # the loop free again: nothing waits, nothing is refused
+        srv.loop.call_soon_threadsafe(time.sleep, block)  # the server's loop: busy
+        await asyncio.gather(*(one(i) for i in range(calls)))
+        for i in range(after):  # the loop free again: nothing waits, nothing is refused
             await one(i)
 
     codes, messages = _run_client(srv, send)
@@ -172,16 +174,6 @@ FLOOD = 14_000  # calls during a longer block: past PENDING_CAP (10,000) if grpc
 FLOOD_BLOCK = 6.0
 
 
-def _flood(srv: RunningServer) -> tuple[Counter[str], set[str]]:
-    """FLOOD calls over CONNECTIONS connections while the loop is blocked FLOOD_BLOCK s."""
-
-    async def send(one: Callable[[int], Awaitable[None]]) -> None:
-        srv.loop.call_soon_threadsafe(time.sleep, FLOOD_BLOCK)
-        await asyncio.gather(*(one(i) for i in range(FLOOD)))
-
-    return _run_client(srv, send)
-
-
 def test_a_flood_past_grpcs_cap_is_held_by_the_clients_never_cancelled(
     tiny_repository: Path,
 ) -> None:
@@ -192,7 +184,7 @@ def test_a_flood_past_grpcs_cap_is_held_by_the_clients_never_cancelled(
     REFUSED_STREAM for one sent past the limit (it never ran). With no limit, grpc cancels
     what it holds past its cap: the hazard the limit is for."""
     with running_server(tiny_repository) as srv:
-        codes, messages = _flood(srv)
+        codes, messages = _send_while_blocked(srv, FLOOD, FLOOD_BLOCK, after=0)
     print(f"\n{FLOOD} calls during a {FLOOD_BLOCK:g} s block: {dict(codes)}; {sorted(messages)}")
     assert sum(codes.values()) == FLOOD
     assert codes["CANCELLED"] == 0, (codes, messages)
@@ -201,6 +193,6 @@ def test_a_flood_past_grpcs_cap_is_held_by_the_clients_never_cancelled(
     assert all("RST_STREAM" in m and "error code 7" in m for m in unavailable), unavailable
 
     with running_server(tiny_repository, max_streams_per_connection=None) as srv:
-        codes, messages = _flood(srv)
+        codes, messages = _send_while_blocked(srv, FLOOD, FLOOD_BLOCK, after=0)
     print(f"the same, no limit: {dict(codes)}")
     assert codes["CANCELLED"] > 0, (codes, messages)
