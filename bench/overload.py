@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -119,6 +120,25 @@ def table(rows: list[dict[str, Any]], machine: str) -> str:
     return "\n".join(lines)
 
 
+def cpu_list(text: str) -> frozenset[int]:
+    """'0', '0-1' or '0,2-3': CPUs this machine has (argparse's type: a bad one is one line)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        bounds = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if bounds is None:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a CPU list like 0 or 0-1")
+        first, last = bounds.group(1), bounds.group(2) or bounds.group(1)
+        cpus.update(range(int(first), int(last) + 1))
+    usable = os.sched_getaffinity(0)
+    if not cpus or not cpus <= usable:
+        raise argparse.ArgumentTypeError(f"{text!r}: CPUs this process may use are {_cpus(usable)}")
+    return frozenset(cpus)
+
+
+def _cpus(cpus: frozenset[int] | set[int] | None) -> str:
+    return "any" if cpus is None else ",".join(map(str, sorted(cpus)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m textserve.bench.overload", description=__doc__)
     parser.add_argument("--repository", type=Path, default=Path("models"))
@@ -141,20 +161,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="niceness added to the server's processes, so that the load generator on the same "
         "cores is not the one starved (0: same priority)",
     )  # fmt: skip
+    parser.add_argument(
+        "--server-cpus", type=cpu_list, metavar="LIST",
+        help="pin the server to these CPUs (e.g. 0 or 0-1), so that a load generator pinned "
+        "elsewhere (--loadgen-cpus) never takes the server's CPU",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loadgen-cpus", type=cpu_list, metavar="LIST", help="pin the load generator here"
+    )  # fmt: skip
     parser.add_argument("--p99-bound", type=float, default=3.0)
     parser.add_argument("--refusal-bound-ms", type=float, default=50.0)
     parser.add_argument("--output", type=Path, help="write overload.json and overload.txt here")
     args = parser.parse_args(argv)
+    if args.loadgen_cpus is not None:
+        os.sched_setaffinity(0, args.loadgen_cpus)  # before any thread: they inherit it
     texts = load_texts(args.texts or Path("runs") / args.model)
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):
         flags = ["--workers", str(workers), *args.server_args.split()]
         command = serve_command(args.repository, args.model, flags)
-        with spawn(command, cwd=Path.cwd(), niceness=args.server_nice) as server:
+        placement = {"niceness": args.server_nice, "cpus": args.server_cpus}
+        with spawn(command, cwd=Path.cwd(), **placement) as server:
             for api in args.apis.split(","):
                 rows.append(measure(server, workers, api, texts, args))
                 print(table(rows[-1:], "").splitlines()[-1], flush=True)
     machine = f"{procfs.cpu_model() or 'unknown CPU'}, {os.cpu_count()} CPUs"
+    if args.server_cpus is not None or args.loadgen_cpus is not None:
+        machine += f"; server on CPUs {_cpus(args.server_cpus)}"
+        machine += f", load generator on {_cpus(args.loadgen_cpus)}"
     text = table(rows, machine)
     print(text)
     if args.output is not None:

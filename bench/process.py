@@ -112,6 +112,20 @@ def start_process(command: list[str], *, timeout: float = 120.0) -> Iterator[Ser
         yield server
 
 
+def _placement(niceness: int, cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """What the child runs before exec: its niceness and CPUs, or None when neither is asked."""
+    if not niceness and cpus is None:
+        return None
+
+    def place() -> None:
+        if niceness:
+            os.nice(niceness)
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+
+    return place
+
+
 @contextlib.contextmanager
 def spawn(
     command: Sequence[str],
@@ -123,6 +137,7 @@ def spawn(
     stop_timeout: float = 30.0,
     inherit_env: bool = True,
     niceness: int = 0,
+    cpus: frozenset[int] | None = None,
 ) -> Iterator[ServerProcess]:
     """Run `command --ready-file PATH` (a server that writes PATH once it serves) until the
     block ends; its output is kept in memory (`.text()`) or written to `log`. On exit: SIGTERM,
@@ -131,7 +146,9 @@ def spawn(
     `env` is added to this process's environment, or with inherit_env=False is all of it (an
     installed server that must not see this checkout's PYTHONPATH). `niceness` is added to the
     server's (and so its workers' and threads') scheduling niceness: a load generator on the
-    same cores then gets the CPU it needs first (bench.overload --server-nice)."""
+    same cores then gets the CPU it needs first (bench.overload --server-nice). `cpus` pins the
+    server (its workers and threads) to those CPUs, so that a load generator pinned to the others
+    never takes the server's (bench.overload --server-cpus)."""
     with tempfile.TemporaryDirectory(prefix="textserve-ready-") as folder:
         ready_file = Path(folder) / "ready.json"
         full = [*command, "--ready-file", str(ready_file)]
@@ -145,7 +162,7 @@ def spawn(
                 stderr=subprocess.STDOUT,
                 text=True,
                 env={**(os.environ if inherit_env else {}), "PYTHONUNBUFFERED": "1", **(env or {})},
-                preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
+                preexec_fn=_placement(niceness, cpus),
             )
         reader = threading.Thread(
             target=lambda: output.extend(process.stdout or ()), name="server-output", daemon=True
