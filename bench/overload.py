@@ -135,6 +135,17 @@ def cpu_list(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
+def pin(server: frozenset[int] | None, loadgen: frozenset[int] | None) -> frozenset[int] | None:
+    """Pin this process (the load generator) to `loadgen`, before it starts a thread (they
+    inherit it); the CPUs to pin the server to: `server`, or every CPU this process had when
+    only the load generator is pinned (the server, its child, would inherit the pinning)."""
+    if loadgen is None:
+        return server
+    before = frozenset(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, loadgen)
+    return before if server is None else server
+
+
 def _cpus(cpus: frozenset[int] | set[int] | None) -> str:
     return "any" if cpus is None else ",".join(map(str, sorted(cpus)))
 
@@ -173,8 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--refusal-bound-ms", type=float, default=50.0)
     parser.add_argument("--output", type=Path, help="write overload.json and overload.txt here")
     args = parser.parse_args(argv)
-    if args.loadgen_cpus is not None:
-        os.sched_setaffinity(0, args.loadgen_cpus)  # before any thread: they inherit it
+    args.server_cpus = pin(args.server_cpus, args.loadgen_cpus)
     texts = load_texts(args.texts or Path("runs") / args.model)
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from textserve.bench.overload import cpu_list, main
+from textserve.bench.overload import cpu_list, main, pin
 from textserve.bench.process import echo_command, spawn
 
 
@@ -60,3 +60,15 @@ def test_a_bad_cpu_list_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str
         main(["--loadgen-cpus", "0-x"])
     assert exited.value.code == 2
     assert "--loadgen-cpus: '0-x' is not a CPU list like 0 or 0-1" in capsys.readouterr().err
+
+
+def test_pinning_the_load_generator_alone_leaves_the_server_every_cpu() -> None:
+    usable = frozenset(os.sched_getaffinity(0))
+    one = frozenset({max(usable)})
+    try:
+        assert pin(None, None) is None
+        assert pin(None, one) == usable  # not the load generator's one CPU, inherited
+        assert os.sched_getaffinity(0) == one
+        assert pin(frozenset({min(usable)}), one) == {min(usable)}
+    finally:
+        os.sched_setaffinity(0, usable)
