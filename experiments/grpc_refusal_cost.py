@@ -6,6 +6,8 @@ process) and a closed loop of 128 grpc.aio callers over 2 channels for `--second
 CPU (utime + stime from /proc) over the window, divided by the calls answered:
 
 - serve: a unary handler that returns 2 bytes (an echo, the cheapest served call);
+- serve-registered: the same handler as a registered method (grpc.aio finds it without
+  calling a generic handler in Python, as textserve's services are added);
 - abort: a unary handler that aborts RESOURCE_EXHAUSTED, as textserve's backlog guard refuses
   (grpc.aio reads the request message and runs the handler first);
 - abort-unread: a stream-unary handler that aborts at once (the request message never read);
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import grpc
 
-MODES = ("serve", "abort", "abort-unread", "no-handler")
+MODES = ("serve", "serve-registered", "abort", "abort-unread", "no-handler")
 MESSAGE = "over the backlog target"
 
 
@@ -46,6 +48,7 @@ def _handler(mode: str) -> grpc.RpcMethodHandler | None:
 
     return {
         "serve": grpc.unary_unary_rpc_method_handler(serve),
+        "serve-registered": grpc.unary_unary_rpc_method_handler(serve),
         "abort": grpc.unary_unary_rpc_method_handler(abort),
         "abort-unread": grpc.stream_unary_rpc_method_handler(abort_unread),
         "no-handler": None,
@@ -60,7 +63,10 @@ async def _serve(mode: str) -> None:
             return handler
 
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers((Generic(),))
+    if mode == "serve-registered" and handler is not None:
+        server.add_registered_method_handlers("experiment.Refusal", {"Call": handler})
+    else:
+        server.add_generic_rpc_handlers((Generic(),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(port, flush=True)
