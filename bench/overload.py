@@ -190,8 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for workers in (int(w) for w in args.workers.split(",")):
         flags = ["--workers", str(workers), *args.server_args.split()]
         command = serve_command(args.repository, args.model, flags)
-        placement = {"niceness": args.server_nice, "cpus": args.server_cpus}
-        with spawn(command, cwd=Path.cwd(), **placement) as server:
+        with spawn(
+            command, cwd=Path.cwd(), niceness=args.server_nice, cpus=args.server_cpus
+        ) as server:
             for api in args.apis.split(","):
                 rows.append(measure(server, workers, api, texts, args))
                 print(table(rows[-1:], "").splitlines()[-1], flush=True)

@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import grpc
+
+from textserve import procfs
 
 MODES = ("serve", "serve-registered", "abort", "abort-unread", "no-handler")
 MESSAGE = "over the backlog target"
@@ -99,8 +99,9 @@ async def _closed_loop(port: int, seconds: float, callers: int = 128) -> int:
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    stat = procfs.process_stat(pid)
+    assert stat is not None, f"the server (pid {pid}) is gone"
+    return stat.cpu_seconds
 
 
 def measure(mode: str, seconds: float) -> tuple[float, float]:
