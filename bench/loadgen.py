@@ -2,7 +2,7 @@
 arrivals at a fixed rate) and streams (N ClassifyStream calls with M messages in flight each),
 many coroutines over grpc.aio channels in this process: one by default, `connections=N` for a
 server of N worker processes (the kernel hands each worker whole connections, so one
-connection would load one worker).
+connection would load one worker; `workers=N` spreads them evenly: spread_channels).
 
     raw = asyncio.run(closed_loop("127.0.0.1:50051", pool, concurrency=64, warmup=1, duration=5))
     raw = asyncio.run(stream_loop("127.0.0.1:50051", pool, streams=4, inflight=32, warmup=1,
@@ -28,9 +28,12 @@ import numpy as np
 
 from textserve.bench.requests import RequestPool
 from textserve.bench.stats import RawStep, read_machine_cpu
+from textserve.service.health import WORKER_KEY
 
 # Called at the start and at the end of the measured window (e.g. to scrape server metrics).
 Probe = Callable[[], Awaitable[Any]]
+
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -91,26 +94,80 @@ async def _http_calls(target: str, path: str, pool: int = HTTP_POOL) -> AsyncIte
         yield [call]
 
 
+def _channel(target: str, index: int) -> grpc.aio.Channel:
+    """A channel that is its own connection (channels with equal options share one)."""
+    options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1), ("bench.connection", index)]
+    return grpc.aio.insecure_channel(target, options=options)
+
+
+async def _worker_of(channel: grpc.aio.Channel) -> str:
+    """The worker of a `--workers N` server that holds this channel's connection (its health
+    Check answer names it: service/health.py WORKER_KEY; "" from a single process)."""
+    call = channel.unary_unary(HEALTH_CHECK)(b"", timeout=10.0)
+    await call
+    return dict(await call.initial_metadata()).get(WORKER_KEY, "")
+
+
+async def spread_channels(target: str, connections: int, workers: int) -> list[grpc.aio.Channel]:
+    """`connections` channels, each its own connection, as evenly over the `workers` processes
+    of a `--workers N` server as they divide. The kernel hashes each new connection to one of
+    the processes sharing the port (SO_REUSEPORT), so connections opened blindly split
+    unevenly more often than not (measured, 2 workers: 4 connections split 3-1 or 4-0 six
+    times in six, 32 split 21-11); a load spread over them would load one worker with most of
+    it. Each new connection is asked which worker holds it; one past its worker's share is
+    set aside (closed at the end, so that its port is not handed out again) and another
+    opened, up to 50 tries a connection."""
+    share = -(-connections // workers)  # the most any worker holds
+    held: dict[str, list[grpc.aio.Channel]] = {}
+    kept: list[grpc.aio.Channel] = []
+    spare: list[grpc.aio.Channel] = []
+    try:
+        for index in range(50 * connections):
+            channel = _channel(target, index)
+            mine = held.setdefault(await _worker_of(channel), [])
+            if len(mine) == share:
+                spare.append(channel)
+                continue
+            mine.append(channel)
+            kept.append(channel)
+            if len(kept) == connections:
+                return kept
+        await asyncio.gather(*(c.close() for c in kept))
+        counts = sorted((len(c) for c in held.values()), reverse=True)
+        raise RuntimeError(
+            f"could not spread {connections} connections over {workers} workers "
+            f"(held {counts} after {50 * connections} connections)"
+        )
+    finally:
+        await asyncio.gather(*(c.close() for c in spare))
+
+
 @contextlib.asynccontextmanager
 async def _calls(
-    target: str, method: str, connections: int, stream: bool = False, http_pool: int = HTTP_POOL
+    target: str,
+    method: str,
+    connections: int,
+    stream: bool = False,
+    http_pool: int = HTTP_POOL,
+    workers: int = 1,
 ) -> AsyncIterator[list[Any]]:
     """One bytes-in, bytes-out call object per connection (its own channel and connection);
-    `stream`: a bidirectional-streaming one. A method that is an HTTP path (requests.METHODS'
-    "http"): POSTs to `target`'s HTTP port instead."""
+    `stream`: a bidirectional-streaming one. `workers` > 1: the connections spread evenly over
+    a `--workers` server's processes (spread_channels). A method that is an HTTP path
+    (requests.METHODS' "http"): POSTs to `target`'s HTTP port instead (its pool of hundreds
+    of connections spreads by itself)."""
     if connections < 1:
         raise ValueError(f"connections must be at least 1, got {connections}")
     if method.startswith("/v1/"):
         async with _http_calls(target, method, http_pool) as calls:
             yield calls
         return
-    options = [CHANNEL_OPTIONS]
-    if connections > 1:
-        options = [
-            [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1), ("bench.connection", i)]
-            for i in range(connections)
-        ]
-    channels = [grpc.aio.insecure_channel(target, options=o) for o in options]
+    if workers > 1 and connections > 1:
+        channels = await spread_channels(target, connections, workers)
+    elif connections > 1:
+        channels = [_channel(target, i) for i in range(connections)]
+    else:
+        channels = [grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)]
     try:
         await asyncio.gather(*(c.channel_ready() for c in channels))
         # no (de)serialization: requests are serialized ahead, answers not parsed
@@ -172,10 +229,11 @@ async def closed_loop(
     timeout: float = 10.0,
     probe: Probe | None = None,
     connections: int = 1,
+    workers: int = 1,
 ) -> tuple[RawStep, list[Any]]:
     """`concurrency` callers, each sending its next request as soon as the last is answered
-    (caller i over connection i mod `connections`). Counts the requests that complete inside
-    the window; returns the step and probe samples."""
+    (caller i over connection i mod `connections`, spread over `workers`: _calls). Counts
+    the requests that complete inside the window; returns the step and probe samples."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     payloads = pool.payloads
@@ -185,7 +243,7 @@ async def closed_loop(
     latencies = raw.latencies
     errors = raw.errors
     counter = itertools.count()
-    async with _calls(target, pool.method, connections) as calls:
+    async with _calls(target, pool.method, connections, workers=workers) as calls:
         window = _Window(warmup, duration, probe)
         start, end = window.start, window.end
         clock = time.perf_counter
@@ -232,8 +290,10 @@ async def open_loop(
     probe: Probe | None = None,
     connections: int = 1,
     http_pool: int = HTTP_POOL,
+    workers: int = 1,
 ) -> tuple[RawStep, list[Any]]:
-    """Requests arriving as a Poisson process of `rate` requests/s, whatever the server does.
+    """Requests arriving as a Poisson process of `rate` requests/s, whatever the server does
+    (over `connections` in turn, spread over `workers`: _calls).
 
     Latency and errors: requests that arrive inside the window (waited for, up to `timeout`).
     Throughput: requests that complete inside the window — what the server really delivered,
@@ -247,7 +307,9 @@ async def open_loop(
     errors = raw.errors
     done_in_window = 0
     in_flight = 0
-    async with _calls(target, pool.method, connections, http_pool=http_pool) as calls:
+    async with _calls(
+        target, pool.method, connections, http_pool=http_pool, workers=workers
+    ) as calls:
         next_call = itertools.cycle(calls).__next__
         window = _Window(warmup, duration, probe)
         start, end, t0 = window.start, window.end, window.t0
@@ -342,8 +404,10 @@ async def stream_loop(
     timeout: float = 10.0,
     probe: Probe | None = None,
     connections: int = 1,
+    workers: int = 1,
 ) -> tuple[RawStep, list[Any]]:
-    """`streams` ClassifyStream calls (stream i over connection i mod `connections`), each
+    """`streams` ClassifyStream calls (stream i over connection i mod `connections`, spread
+    over `workers`: _calls), each
     keeping `inflight` messages unanswered: a message is sent as soon as one is answered (a
     closed loop per stream). Latency: from a message's write to its answer's read. Counts the
     messages answered inside the window. `pool.payloads` must carry distinct ids
@@ -359,7 +423,7 @@ async def stream_loop(
     raw = RawStep(window_seconds=duration)
     latencies = raw.latencies
     errors = raw.errors
-    async with _calls(target, pool.method, connections, stream=True) as calls:
+    async with _calls(target, pool.method, connections, stream=True, workers=workers) as calls:
         window = _Window(warmup, duration, probe)
         start, end = window.start, window.end
         clock = time.perf_counter

@@ -48,13 +48,13 @@ def measure(
     server: ServerProcess, workers: int, api: str, texts: list[str], args: argparse.Namespace
 ) -> dict:
     """The closed loop, then the open loop at args.load x its peak, on one server (of
-    `workers` processes: two connections each) and API."""
+    `workers` processes: two gRPC connections on each, loadgen.spread_channels) and API."""
     pool = build_requests(texts, api, 1, args.model)
     target, connections = _target(server, api), 2 * workers
     closed, _ = asyncio.run(
         closed_loop(
             target, pool, args.concurrency, warmup=2, duration=args.peak_duration,
-            connections=connections,
+            connections=connections, workers=workers,
         )
     )  # fmt: skip
     peak = summarize(closed, os.cpu_count() or 1)
@@ -62,7 +62,7 @@ def measure(
     raw, _ = asyncio.run(
         open_loop(
             target, pool, rate, warmup=2, duration=args.duration, timeout=args.timeout,
-            connections=connections, http_pool=args.http_pool,
+            connections=connections, http_pool=args.http_pool, workers=workers,
         )
     )  # fmt: skip
     step = summarize(raw, os.cpu_count() or 1)

@@ -100,8 +100,10 @@ class _Bench:
         concurrency: int | None = None,
         rate: float | None = None,
         connections: int = 1,
+        workers: int = 1,
     ) -> dict[str, Any]:
-        """One measured step (closed loop with `concurrency`, or open loop at `rate`)."""
+        """One measured step (closed loop with `concurrency`, or open loop at `rate`; over
+        `connections` spread evenly over a server's `workers`)."""
         cfg = self.config
         url = server.metrics_url
 
@@ -115,7 +117,7 @@ class _Bench:
             return None
 
         raw, samples, mode, streams = self._load(
-            server, pool, probe, concurrency, rate, connections
+            server, pool, probe, concurrency, rate, connections, workers
         )
         result: dict[str, Any] = {
             "server": label,
@@ -158,6 +160,7 @@ class _Bench:
         concurrency: int | None,
         rate: float | None,
         connections: int,
+        workers: int,
     ) -> tuple[RawStep, list[Any], str, int | None]:
         """Run one step's load: streams, a closed loop or an open loop (raw, samples, mode,
         streams)."""
@@ -169,7 +172,7 @@ class _Bench:
                 loadgen.stream_loop(
                     server.address, pool, streams, concurrency // streams, warmup=cfg.warmup,
                     duration=cfg.duration, timeout=cfg.timeout, probe=probe,
-                    connections=connections,
+                    connections=connections, workers=workers,
                 )
             )  # fmt: skip
             mode = "closed"
@@ -178,7 +181,7 @@ class _Bench:
                 loadgen.closed_loop(
                     server.address, pool, concurrency, warmup=cfg.warmup,
                     duration=cfg.duration, timeout=cfg.timeout, probe=probe,
-                    connections=connections,
+                    connections=connections, workers=workers,
                 )
             )  # fmt: skip
             mode = "closed"
@@ -188,6 +191,7 @@ class _Bench:
                 loadgen.open_loop(
                     server.address, pool, rate, warmup=cfg.warmup, duration=cfg.duration,
                     timeout=cfg.timeout, seed=cfg.seed, probe=probe, connections=connections,
+                    workers=workers,
                 )
             )  # fmt: skip
             mode = "open"
@@ -346,7 +350,7 @@ def _workers_steps(bench: _Bench, pool: RequestPool) -> dict[str, Any]:
             for concurrency in cfg.workers_concurrency:
                 bench.step(
                     server, f"workers-{count}", pool, cfg.model,
-                    concurrency=concurrency, connections=connections,
+                    concurrency=concurrency, connections=connections, workers=count,
                 )  # fmt: skip
     top = max(cfg.workers_concurrency)
     by_count = {
