@@ -28,12 +28,11 @@ import numpy as np
 
 from textserve.bench.requests import RequestPool
 from textserve.bench.stats import RawStep, read_machine_cpu
-from textserve.service.health import WORKER_KEY
+from textserve.spread import HEALTH_CHECK, spread_async
 
 # Called at the start and at the end of the measured window (e.g. to scrape server metrics).
 Probe = Callable[[], Awaitable[Any]]
 
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -100,46 +99,29 @@ def _channel(target: str, index: int) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=options)
 
 
-async def _worker_of(channel: grpc.aio.Channel) -> str:
-    """The worker of a `--workers N` server that holds this channel's connection (its health
-    Check answer names it: service/health.py WORKER_KEY; "" from a single process)."""
+async def _check(channel: grpc.aio.Channel) -> Any:
+    """The initial metadata of a health Check answer on `channel` (textserve.spread's keys)."""
     call = channel.unary_unary(HEALTH_CHECK)(b"", timeout=10.0)
     await call
-    return dict(await call.initial_metadata()).get(WORKER_KEY, "")
+    return await call.initial_metadata() or ()
 
 
-async def spread_channels(target: str, connections: int, workers: int) -> list[grpc.aio.Channel]:
-    """`connections` channels, each its own connection, as evenly over the `workers` processes
-    of a `--workers N` server as they divide. The kernel hashes each new connection to one of
-    the processes sharing the port (SO_REUSEPORT), so connections opened blindly split
-    unevenly more often than not (measured, 2 workers: 4 connections split 3-1 or 4-0 six
-    times in six, 32 split 21-11); a load spread over them would load one worker with most of
-    it. Each new connection is asked which worker holds it; one past its worker's share is
-    set aside (closed at the end, so that its port is not handed out again) and another
-    opened, up to 50 tries a connection."""
-    share = -(-connections // workers)  # the most any worker holds
-    held: dict[str, list[grpc.aio.Channel]] = {}
-    kept: list[grpc.aio.Channel] = []
-    spare: list[grpc.aio.Channel] = []
-    try:
-        for index in range(50 * connections):
-            channel = _channel(target, index)
-            mine = held.setdefault(await _worker_of(channel), [])
-            if len(mine) == share:
-                spare.append(channel)
-                continue
-            mine.append(channel)
-            kept.append(channel)
-            if len(kept) == connections:
-                return kept
-        await asyncio.gather(*(c.close() for c in kept))
-        counts = sorted((len(c) for c in held.values()), reverse=True)
+async def spread_channels(target: str, connections: int) -> list[grpc.aio.Channel]:
+    """`connections` channels, each its own connection, as evenly over the processes of a
+    `--workers N` server as they divide (textserve.spread: the kernel hands each connection to
+    a worker at random, so connections opened blindly split unevenly more often than not, and
+    a load spread over them would load one worker with most of it). An error when they cannot
+    be spread: a benchmark row on an uneven split would measure the split."""
+    first = [_channel(target, i) for i in range(connections)]
+    serve, close, plan = await spread_async(first, lambda i: _channel(target, i), _check)
+    await asyncio.gather(*(c.close() for c in close))
+    if plan.exhausted:
+        await asyncio.gather(*(c.close() for c in serve))
         raise RuntimeError(
-            f"could not spread {connections} connections over {workers} workers "
-            f"(held {counts} after {50 * connections} connections)"
+            f"could not spread {connections} connections over the server's {plan.workers} "
+            f"workers (held {plan.split()} after {plan.tries} connections)"
         )
-    finally:
-        await asyncio.gather(*(c.close() for c in spare))
+    return serve
 
 
 @contextlib.asynccontextmanager
@@ -163,7 +145,7 @@ async def _calls(
             yield calls
         return
     if workers > 1 and connections > 1:
-        channels = await spread_channels(target, connections, workers)
+        channels = await spread_channels(target, connections)
     elif connections > 1:
         channels = [_channel(target, i) for i in range(connections)]
     else:

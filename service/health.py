@@ -7,11 +7,14 @@ from typing import Any
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
+from textserve.spread import WORKER_KEY, WORKERS_KEY
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-# The initial metadata key of a Check answer naming the worker of `--workers N` that gave it
-# ("INDEX/PID"): which process a connection landed on, for tests and for operators.
-WORKER_KEY = "textserve-worker"
+# With --workers N a Check answer's initial metadata names the worker that gave it (WORKER_KEY,
+# "INDEX/PID") and N (WORKERS_KEY): which process a connection landed on, for clients that
+# spread their connections (textserve.spread), tests and operators.
+__all__ = ["WORKERS_KEY", "WORKER_KEY", "DrainingHealthServicer"]
 
 
 class DrainingHealthServicer(HealthServicer):
@@ -19,13 +22,17 @@ class DrainingHealthServicer(HealthServicer):
     drains: the watcher gets NOT_SERVING, then the stream closes with OK. With the stock
     servicer an open Watch (a load balancer's or a sidecar's) is an RPC in flight that holds
     `server.stop(grace)` until the grace period runs out and is then cancelled.
-    With --workers, Check answers carry the worker in initial metadata (WORKER_KEY)."""
+    With --workers, Check answers carry the worker and the count in initial metadata
+    (WORKER_KEY, WORKERS_KEY)."""
 
     worker: str | None = None  # "INDEX/PID" of this worker process; None: a single process
+    workers = 1  # how many the server runs
 
     async def Check(self, request: health_pb2.HealthCheckRequest, context: Any) -> Any:
         if self.worker is not None:
-            await context.send_initial_metadata(((WORKER_KEY, self.worker),))
+            await context.send_initial_metadata(
+                ((WORKER_KEY, self.worker), (WORKERS_KEY, str(self.workers)))
+            )
         return await super().Check(request, context)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:

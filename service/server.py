@@ -267,7 +267,8 @@ def create_server(
     for register in [*SERVICES, *extra_services]:
         names.extend(register(registrar, ctx))
     health = DrainingHealthServicer()
-    health.worker = coordinator.worker_id if coordinator is not None else None
+    if coordinator is not None:
+        health.worker, health.workers = coordinator.worker_id, coordinator.workers
     health_pb2_grpc.add_HealthServicer_to_server(health, registrar)
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
     reflection.enable_server_reflection([*names, health_name, reflection.SERVICE_NAME], registrar)

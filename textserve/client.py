@@ -14,10 +14,13 @@
         admin.reload_repository()               # scan now instead of at the next poll
 
 Several connections (`connections=N`): a server run with `--workers N` is N processes behind
-one port, and the kernel spreads *connections* over them, not requests; one channel is one
-connection, so a client that should use every worker opens several and takes them in turn::
+one port, and the kernel spreads *connections* over them, not requests, each to a worker at
+random; one channel is one connection, so a client that should use every worker opens several,
+takes them in turn, and spreads them evenly (`spread()`: each connection is asked which worker
+holds it, and those past a worker's share are opened again; textserve.spread)::
 
-    Client("127.0.0.1:50051", connections=4)
+    client = Client("127.0.0.1:50051", connections=4)
+    client.spread()                         # [2, 2] on a two-worker server
 
 TLS, mutual TLS and bearer tokens (see textserve.connect)::
 
@@ -50,6 +53,7 @@ from textserve.results import ClassifyResult as ClassifyResult
 from textserve.results import ClientError as ClientError
 from textserve.results import Prediction as Prediction
 from textserve.results import to_result as to_result
+from textserve.spread import HEALTH_CHECK, spread_async, spread_blocking
 from textserve.stream_feed import StreamFeed, aligned
 from textserve.v1 import admin_pb2, admin_pb2_grpc
 from textserve.v1 import classifier_pb2 as pb
@@ -162,11 +166,11 @@ class Client(BlockingClient):
         server's certificate against, if not the target's host; `token`: sent as
         `authorization: Bearer <token>` with every call; `connections`: channels (each its own
         connection) that classify calls take in turn, so that every worker of a
-        `--workers N` server gets some."""
-        self._channels = _open_channels(
-            target, connections, aio=False,
-            tls=tls, ca=ca, cert=cert, key=key, server_name=server_name,
-        )  # fmt: skip
+        `--workers N` server gets some (evenly after `spread()`)."""
+        self._tls: dict[str, Any] = {
+            "tls": tls, "ca": ca, "cert": cert, "key": key, "server_name": server_name,
+        }  # fmt: skip
+        self._channels = _open_channels(target, connections, aio=False, **self._tls)
         super().__init__(target, self._channels[0], timeout=timeout, token=token)
         self.stub = pb_grpc.ClassifierStub(self._channel)
         self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
@@ -175,6 +179,36 @@ class Client(BlockingClient):
     def close(self) -> None:
         for channel in self._channels:
             channel.close()
+
+    def spread(self) -> list[int]:
+        """Connect now, and spread this client's connections as evenly as they divide over
+        the processes of a `--workers N` server: the kernel hands each connection to a worker
+        at random, so connections opened blindly load the workers unevenly (textserve.spread).
+        Each connection is asked where it landed (a health Check); one past its worker's share
+        is closed and another opened in its place. Returns the connections on each worker,
+        most first ([] from a server of one process). For one server address (a channel then
+        holds one connection); call it before the client is shared between threads. A worker
+        restarted later gets its connections back at random."""
+
+        def check(channel: grpc.Channel) -> Any:
+            method = channel.unary_unary(HEALTH_CHECK)
+            _, call = method.with_call(b"", timeout=self.timeout, metadata=self._metadata)
+            return call.initial_metadata() or ()
+
+        def open_one(index: int) -> grpc.Channel:
+            return open_channel(self.target, options=connection_options(index, 2), **self._tls)
+
+        try:
+            serve, close, plan = spread_blocking(self._channels, open_one, check)
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+        for channel in close:
+            channel.close()
+        self._channels, self._channel = serve, serve[0]
+        self.stub = pb_grpc.ClassifierStub(self._channel)
+        self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
+        self._next = itertools.cycle(self._stubs).__next__
+        return plan.split()
 
     def classify(
         self,
@@ -360,10 +394,10 @@ class AsyncClient:
         self.target = target
         self.timeout = timeout
         self._metadata = bearer_metadata(token)
-        self._channels = _open_channels(
-            target, connections, aio=True,
-            tls=tls, ca=ca, cert=cert, key=key, server_name=server_name,
-        )  # fmt: skip
+        self._tls: dict[str, Any] = {
+            "tls": tls, "ca": ca, "cert": cert, "key": key, "server_name": server_name,
+        }  # fmt: skip
+        self._channels = _open_channels(target, connections, aio=True, **self._tls)
         self._channel = self._channels[0]
         self.stub = pb_grpc.ClassifierStub(self._channel)
         self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
@@ -460,6 +494,32 @@ class AsyncClient:
             return await method(request, timeout=self.timeout, metadata=_traced(self._metadata))
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
+
+    async def spread(self) -> list[int]:
+        """Client.spread, awaited."""
+
+        async def check(channel: grpc.aio.Channel) -> Any:
+            call = channel.unary_unary(HEALTH_CHECK)(
+                b"", timeout=self.timeout, metadata=self._metadata
+            )
+            await call
+            return await call.initial_metadata() or ()
+
+        def open_one(index: int) -> grpc.aio.Channel:
+            options = connection_options(index, 2)
+            return open_channel(self.target, options=options, aio=True, **self._tls)
+
+        try:
+            serve, close, plan = await spread_async(self._channels, open_one, check)
+        except grpc.RpcError as exc:
+            raise ClientError.from_rpc(exc) from None
+        for channel in close:
+            await channel.close()
+        self._channels, self._channel = serve, serve[0]
+        self.stub = pb_grpc.ClassifierStub(self._channel)
+        self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
+        self._next = itertools.cycle(self._stubs).__next__
+        return plan.split()
 
     async def close(self) -> None:
         for channel in self._channels:

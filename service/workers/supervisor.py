@@ -300,6 +300,7 @@ class Supervisor:
         parent, child = self._context.Pipe()
         spec = WorkerSpec(
             index=worker.index,
+            workers=len(self.workers),
             config=self.worker_config,
             metrics_dir=self.metrics_dir,
             log_level=self.log_level,

@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class WorkerSpec:
     index: int  # 1..N, stays the same across restarts
+    workers: int  # N
     config: ServerConfig  # the listen address with the port the supervisor reserved
     metrics_dir: str  # PROMETHEUS_MULTIPROC_DIR
     log_level: str
@@ -83,6 +84,7 @@ class WorkerLink:
     def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
         self.spec = spec
         self.worker_id = f"{spec.index}/{os.getpid()}"
+        self.workers = spec.workers
         self._conn = conn
         self._repository: ModelRepository | None = None
         self._pending: dict[int, asyncio.Future[str | None]] = {}

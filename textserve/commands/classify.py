@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=4,
         help="connections (one request in flight on each) for texts of several requests: a "
-        "server with --workers N takes connections, not requests, to its N processes (4)",
+        "server with --workers N takes connections, not requests, to its N processes; they "
+        "are spread evenly over them (4)",
     )
     connect.add_arguments(parser)
 
@@ -198,6 +199,8 @@ def _unary(
         ) as client,
         ThreadPoolExecutor(connections) as pool,
     ):
+        if isinstance(client, Client) and connections > 1 and len(requests) > 1:
+            client.spread()  # evenly over a --workers server's processes (textserve.spread)
 
         def classify(chunk: Sequence[str], second: Sequence[str] | None) -> Any:
             return client.classify(
