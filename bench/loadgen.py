@@ -275,11 +275,9 @@ async def open_loop(
     workers: int = 1,
 ) -> tuple[RawStep, list[Any]]:
     """Requests arriving as a Poisson process of `rate` requests/s, whatever the server does
-    (over `connections` in turn, spread over `workers`: _calls).
-
-    Latency and errors: requests that arrive inside the window (waited for, up to `timeout`).
-    Throughput: requests that complete inside the window — what the server really delivered,
-    also above capacity."""
+    (over `connections` in turn, spread over `workers`: _calls). Latency and errors: requests
+    that arrive inside the window (waited for, up to `timeout`). Throughput: requests that
+    complete inside the window — what the server really delivered, also above capacity."""
     arrivals = poisson_arrivals(rate, warmup + duration, np.random.default_rng(seed))
     payloads = pool.payloads
     n_payloads = len(payloads)
@@ -287,8 +285,7 @@ async def open_loop(
     raw = RawStep(window_seconds=duration)
     latencies = raw.latencies
     errors = raw.errors
-    done_in_window = 0
-    in_flight = 0
+    done_in_window = in_flight = 0
     async with _calls(
         target, pool.method, connections, http_pool=http_pool, workers=workers
     ) as calls:
@@ -389,11 +386,10 @@ async def stream_loop(
     workers: int = 1,
 ) -> tuple[RawStep, list[Any]]:
     """`streams` ClassifyStream calls (stream i over connection i mod `connections`, spread
-    over `workers`: _calls), each
-    keeping `inflight` messages unanswered: a message is sent as soon as one is answered (a
-    closed loop per stream). Latency: from a message's write to its answer's read. Counts the
-    messages answered inside the window. `pool.payloads` must carry distinct ids
-    (requests.build_requests does for the stream API)."""
+    over `workers`: _calls), each keeping `inflight` messages unanswered: a message is sent as
+    soon as one is answered (a closed loop per stream). Latency: from a message's write to its
+    answer's read. Counts the messages answered inside the window. `pool.payloads` must carry
+    distinct ids (requests.build_requests does for the stream API)."""
     if streams < 1 or inflight < 1:
         raise ValueError(f"streams and inflight must be at least 1, got {streams}, {inflight}")
     payloads = pool.payloads
@@ -403,8 +399,7 @@ async def stream_loop(
     ids = pool.ids
     per_request = pool.texts_per_request
     raw = RawStep(window_seconds=duration)
-    latencies = raw.latencies
-    errors = raw.errors
+    latencies, errors = raw.latencies, raw.errors
     async with _calls(target, pool.method, connections, stream=True, workers=workers) as calls:
         window = _Window(warmup, duration, probe)
         start, end = window.start, window.end
