@@ -75,6 +75,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             max_message_bytes=args.max_message_bytes,
             max_concurrent_rpcs=args.max_concurrent_rpcs or None,
             max_streams_per_connection=args.max_streams_per_connection or None,
+            max_connection_age=args.max_connection_age or None,
             max_backlog_wait=seconds_or_off(args.max_backlog_wait_ms),
             backlog_target=seconds_or_off(args.backlog_target_ms),
             stream_max_inflight=args.stream_max_inflight,

@@ -281,6 +281,13 @@ class ServerConfig:
     # UNAVAILABLE (RST_STREAM REFUSED_STREAM: it never ran; retryable). None: grpc's default,
     # no limit. 1,024: twice max_concurrent_rpcs, so one connection can still fill the server.
     max_streams_per_connection: int | None = 1024
+    # Seconds after which grpc asks a connection to close (GOAWAY, jittered ±10 % by grpc; its
+    # calls in flight run to their end, however long): its client reconnects, and the kernel
+    # hands the new connection to any worker (SO_REUSEPORT), so load comes back to a restarted
+    # worker, which otherwise serves nothing until clients reconnect for another reason (the
+    # soak: every connection of a killed worker went to the survivor, docs/operations.md); the
+    # same makes a client's DNS lookup find new replicas. None: off, grpc's default.
+    max_connection_age: float | None = None
     # Seconds a gRPC call may wait in grpc core before the server takes it (while its event loop
     # is busy): one that waited longer is answered RESOURCE_EXHAUSTED as soon as it is taken,
     # instead of grpc cancelling the calls it holds (CANCELLED, past 1,000 held calls or 30 s;
@@ -370,6 +377,11 @@ class ServerConfig:
             raise ConfigError(
                 f"--max-streams-per-connection must be 1 to 2147483647 (0: no limit), "
                 f"got {self.max_streams_per_connection}"
+            )
+        if self.max_connection_age is not None and not 0 < self.max_connection_age < 2**31 / 1e3:
+            raise ConfigError(
+                f"--max-connection-age must be 0 (off) or seconds up to 2147483, "
+                f"got {self.max_connection_age:g}"
             )
         if self.stream_max_inflight < 1:
             raise ConfigError(

@@ -203,6 +203,29 @@ class Server:
             await asyncio.to_thread(tracing.shutdown)
 
 
+def _grpc_options(config: ServerConfig, reuse_port: bool) -> list[tuple[str, Any]]:
+    """The grpc server's channel arguments."""
+    limit, age = config.max_streams_per_connection, config.max_connection_age
+    return [
+        # A larger request gets RESOURCE_EXHAUSTED from grpc before it is read whole.
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        # one process: a port in use is an error, not a shared listener
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
+        # The calls grpc core holds until the event loop takes them: past 1,000 (its
+        # default) grpc cancels arriving calls, CANCELLED, which nobody retries. Here a
+        # memory bound it does not reach: the backlog is refused by age first (backlog.py).
+        ("grpc.server.max_pending_requests", PENDING_CAP),
+        ("grpc.server.max_pending_requests_hard_limit", PENDING_CAP),
+        # ... and a few connections cannot fill it: a client holds its calls past this
+        # many open on one connection (HTTP/2 max concurrent streams).
+        *([] if limit is None else [("grpc.max_concurrent_streams", limit)]),
+        # GOAWAY after a connection's age, so that clients reconnect (config.py). No grace:
+        # its calls in flight run to their end (an endless ClassifyStream included).
+        *([] if age is None else [("grpc.max_connection_age_ms", int(age * 1e3))]),
+    ]
+
+
 def create_server(
     config: ServerConfig,
     *,
@@ -231,29 +254,13 @@ def create_server(
     )
     gate = DrainGate(metrics)
     before = server_ids()  # grpc's counts of this server are channelz's new one (backlog.py)
-    limit = config.max_streams_per_connection
-    streams_limit = [] if limit is None else [("grpc.max_concurrent_streams", limit)]
     grpc_server = grpc.aio.server(
         # authentication only (when on): a refused call is neither parsed nor served. The
         # drain's gate and the decode guard sit on each method handler (GuardedRegistrar):
         # an interceptor would cost every call a coroutine and a continuation.
         interceptors=auth_interceptors(config.security),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
-        options=[
-            # A larger request gets RESOURCE_EXHAUSTED from grpc before it is read whole.
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            # one process: a port in use is an error, not a shared listener
-            ("grpc.so_reuseport", 1 if reuse_port else 0),
-            # The calls grpc core holds until the event loop takes them: past 1,000 (its
-            # default) grpc cancels arriving calls, CANCELLED, which nobody retries. Here a
-            # memory bound it does not reach: the backlog is refused by age first (backlog.py).
-            ("grpc.server.max_pending_requests", PENDING_CAP),
-            ("grpc.server.max_pending_requests_hard_limit", PENDING_CAP),
-            # ... and a few connections cannot fill it: a client holds its calls past this
-            # many open on one connection (HTTP/2 max concurrent streams).
-            *streams_limit,
-        ],
+        options=_grpc_options(config, reuse_port),
     )
     backlog = Backlog(
         config.max_backlog_wait,
