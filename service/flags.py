@@ -309,7 +309,7 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     flag(
         "max-connection-age",
         _text(server.max_connection_age or 0),
-        "seconds after which a gRPC connection is asked to close (GOAWAY, give or take 10 %%; "
+        "seconds after which a gRPC connection is asked to close (GOAWAY, give or take a tenth; "
         "its calls in flight run to their end) so that its client reconnects: the "
         "kernel then hands the new connection to any worker of --workers N (a restarted one "
         "included) and a client's name lookup finds new replicas; 0: off",
