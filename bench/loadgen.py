@@ -28,11 +28,10 @@ import numpy as np
 
 from textserve.bench.requests import RequestPool
 from textserve.bench.stats import RawStep, read_machine_cpu
-from textserve.spread import HEALTH_CHECK, spread_async
+from textserve.spread import check_async, spread_async
 
 # Called at the start and at the end of the measured window (e.g. to scrape server metrics).
 Probe = Callable[[], Awaitable[Any]]
-
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -101,9 +100,7 @@ def _channel(target: str, index: int) -> grpc.aio.Channel:
 
 async def _check(channel: grpc.aio.Channel) -> Any:
     """The initial metadata of a health Check answer on `channel` (textserve.spread's keys)."""
-    call = channel.unary_unary(HEALTH_CHECK)(b"", timeout=10.0)
-    await call
-    return await call.initial_metadata() or ()
+    return await check_async(channel, timeout=10.0)
 
 
 async def spread_channels(target: str, connections: int) -> list[grpc.aio.Channel]:

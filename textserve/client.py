@@ -53,7 +53,7 @@ from textserve.results import ClassifyResult as ClassifyResult
 from textserve.results import ClientError as ClientError
 from textserve.results import Prediction as Prediction
 from textserve.results import to_result as to_result
-from textserve.spread import HEALTH_CHECK, spread_async, spread_blocking
+from textserve.spread import check_async, check_blocking, spread_async, spread_blocking
 from textserve.stream_feed import StreamFeed, aligned
 from textserve.v1 import admin_pb2, admin_pb2_grpc
 from textserve.v1 import classifier_pb2 as pb
@@ -102,6 +102,17 @@ def _traced(metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...
     return (*metadata, *((key.lower(), value) for key, value in carrier.items()))
 
 
+class _Rotation:
+    """The channels a textserve.v1 client serves from: the first for reads (`stub`), every one
+    in turn for classify calls (`_next`)."""
+
+    def _use(self, channels: list[Any]) -> None:
+        self._channels, self._channel = channels, channels[0]
+        self.stub = pb_grpc.ClassifierStub(channels[0])
+        self._stubs = [pb_grpc.ClassifierStub(c) for c in channels]
+        self._next = itertools.cycle(self._stubs).__next__  # thread-safe under the GIL
+
+
 class BlockingClient:
     """What every blocking client shares: one channel (closed on exit if it opened it), the
     bearer token sent with each call, a default timeout, and gRPC errors as ClientError."""
@@ -145,7 +156,7 @@ class BlockingClient:
         self.close()
 
 
-class Client(BlockingClient):
+class Client(_Rotation, BlockingClient):
     """Blocking client over one channel; thread-safe (gRPC channels are)."""
 
     def __init__(
@@ -170,11 +181,9 @@ class Client(BlockingClient):
         self._tls: dict[str, Any] = {
             "tls": tls, "ca": ca, "cert": cert, "key": key, "server_name": server_name,
         }  # fmt: skip
-        self._channels = _open_channels(target, connections, aio=False, **self._tls)
-        super().__init__(target, self._channels[0], timeout=timeout, token=token)
-        self.stub = pb_grpc.ClassifierStub(self._channel)
-        self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
-        self._next = itertools.cycle(self._stubs).__next__  # thread-safe under the GIL
+        channels = _open_channels(target, connections, aio=False, **self._tls)
+        super().__init__(target, channels[0], timeout=timeout, token=token)
+        self._use(channels)
 
     def close(self) -> None:
         for channel in self._channels:
@@ -191,9 +200,7 @@ class Client(BlockingClient):
         restarted later gets its connections back at random."""
 
         def check(channel: grpc.Channel) -> Any:
-            method = channel.unary_unary(HEALTH_CHECK)
-            _, call = method.with_call(b"", timeout=self.timeout, metadata=self._metadata)
-            return call.initial_metadata() or ()
+            return check_blocking(channel, self.timeout, self._metadata)
 
         def open_one(index: int) -> grpc.Channel:
             return open_channel(self.target, options=connection_options(index, 2), **self._tls)
@@ -204,10 +211,7 @@ class Client(BlockingClient):
             raise ClientError.from_rpc(exc) from None
         for channel in close:
             channel.close()
-        self._channels, self._channel = serve, serve[0]
-        self.stub = pb_grpc.ClassifierStub(self._channel)
-        self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
-        self._next = itertools.cycle(self._stubs).__next__
+        self._use(serve)
         return plan.split()
 
     def classify(
@@ -374,7 +378,7 @@ class Client(BlockingClient):
         )
 
 
-class AsyncClient:
+class AsyncClient(_Rotation):
     """asyncio client over one grpc.aio channel; create it inside the running loop."""
 
     def __init__(
@@ -397,11 +401,7 @@ class AsyncClient:
         self._tls: dict[str, Any] = {
             "tls": tls, "ca": ca, "cert": cert, "key": key, "server_name": server_name,
         }  # fmt: skip
-        self._channels = _open_channels(target, connections, aio=True, **self._tls)
-        self._channel = self._channels[0]
-        self.stub = pb_grpc.ClassifierStub(self._channel)
-        self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
-        self._next = itertools.cycle(self._stubs).__next__
+        self._use(_open_channels(target, connections, aio=True, **self._tls))
 
     async def classify(
         self,
@@ -499,11 +499,7 @@ class AsyncClient:
         """Client.spread, awaited."""
 
         async def check(channel: grpc.aio.Channel) -> Any:
-            call = channel.unary_unary(HEALTH_CHECK)(
-                b"", timeout=self.timeout, metadata=self._metadata
-            )
-            await call
-            return await call.initial_metadata() or ()
+            return await check_async(channel, self.timeout, self._metadata)
 
         def open_one(index: int) -> grpc.aio.Channel:
             options = connection_options(index, 2)
@@ -515,10 +511,7 @@ class AsyncClient:
             raise ClientError.from_rpc(exc) from None
         for channel in close:
             await channel.close()
-        self._channels, self._channel = serve, serve[0]
-        self.stub = pb_grpc.ClassifierStub(self._channel)
-        self._stubs = [pb_grpc.ClassifierStub(c) for c in self._channels]
-        self._next = itertools.cycle(self._stubs).__next__
+        self._use(serve)
         return plan.split()
 
     async def close(self) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 logger = logging.getLogger(__name__)
 Metadata = Iterable[tuple[str, str | bytes]]
@@ -31,6 +31,19 @@ WORKER_KEY = "textserve-worker"  # "INDEX/PID": the worker that answered, on Che
 WORKERS_KEY = "textserve-workers"  # how many workers the server runs ("2")
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # its request: b"" (an empty HealthCheckRequest)
 MAX_TRIES = 50  # connections opened for each one kept, at most
+
+
+def check_blocking(channel: Any, timeout: float | None, metadata: Metadata = ()) -> Metadata:
+    """The initial metadata of a health Check answer on a blocking `channel`."""
+    _, call = channel.unary_unary(HEALTH_CHECK).with_call(b"", timeout=timeout, metadata=metadata)
+    return call.initial_metadata() or ()
+
+
+async def check_async(channel: Any, timeout: float | None, metadata: Metadata = ()) -> Metadata:
+    """check_blocking on a grpc.aio `channel`."""
+    call = channel.unary_unary(HEALTH_CHECK)(b"", timeout=timeout, metadata=metadata)
+    await call
+    return await call.initial_metadata() or ()
 
 
 class Spread:

@@ -127,7 +127,10 @@ class Coordinator(Protocol):
     `coordinator`): the worker's end of the pipe to its supervisor."""
 
     worker_id: str  # "INDEX/PID": grpc.health.v1 Check answers carry it
-    workers: int  # N, which they carry too
+
+    @property
+    def workers(self) -> int:
+        """N, which they carry too."""
 
     def attach(self, repository: ModelRepository, stop: Callable[[], None]) -> None:
         """Start listening to the supervisor, before the server starts: admin changes of the

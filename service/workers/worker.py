@@ -84,7 +84,6 @@ class WorkerLink:
     def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
         self.spec = spec
         self.worker_id = f"{spec.index}/{os.getpid()}"
-        self.workers = spec.workers
         self._conn = conn
         self._repository: ModelRepository | None = None
         self._pending: dict[int, asyncio.Future[str | None]] = {}
@@ -93,6 +92,10 @@ class WorkerLink:
         self._go = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stop: Callable[[], None] | None = None
+
+    @property
+    def workers(self) -> int:
+        return self.spec.workers
 
     def send(self, message: ToSupervisor) -> None:
         with contextlib.suppress(OSError, ValueError):  # the supervisor is gone: reader notices

@@ -1,7 +1,7 @@
 """textserve.spread: which of the connections opened one after another a client keeps, so that
 they end up evenly on a `--workers N` server's processes. The channels are fakes and the
-workers they land on scripted; against real two-worker servers: tests/integration/
-test_workers.py (Client.spread, AsyncClient.spread) and test_bench_spread.py."""
+workers they land on scripted; against a real two-worker server (Client.spread,
+AsyncClient.spread, the load generator): tests/integration/test_spread_workers.py."""
 
 from __future__ import annotations
 
