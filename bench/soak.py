@@ -46,7 +46,7 @@ from textserve.v1 import classifier_pb2_grpc as pb_grpc
 
 TEXTS = ["a gripping, beautifully acted film", "dull", "the plot is a mess and far too long"]
 WARMUP = 60.0  # seconds left out of the slopes: allocators and caches fill first
-KILL_GRACE = 5.0  # errors this long after the worker kill are its in-flight calls
+KILL_GRACE = 5.0  # UNAVAILABLE this long after the worker kill: its calls (of_the_killed_worker)
 MESSAGES = 50  # distinct failure messages counted apart
 # The bound on memory growth: a process is flat when the median RSS of its last minute exceeds
 # that of its first minute after warm-up by at most GROWTH_MB or GROWTH_FRACTION of it, the
@@ -273,6 +273,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summarize(args, samples, events, load, t0, kill_at, peak, rate)
 
 
+def of_the_killed_worker(
+    failures: list[tuple[float, str]], t0: float, kill_at: float | None
+) -> list[str]:
+    """The failures that are the killed worker's: UNAVAILABLE (its calls in flight, streams
+    removed, connections reset as it went) within KILL_GRACE of the kill. Any other status
+    then (RESOURCE_EXHAUSTED from a survivor handed the load, say) is an error otherwise."""
+    if kill_at is None:
+        return []
+    return [
+        code for t, code in failures
+        if 0 <= t - t0 - kill_at <= KILL_GRACE and code.rpartition(" ")[2] == "UNAVAILABLE"
+    ]  # fmt: skip
+
+
 def summarize(
     args: argparse.Namespace,
     samples: list[dict[str, Any]],
@@ -283,10 +297,7 @@ def summarize(
     peak: float,
     rate: float,
 ) -> dict[str, Any]:
-    by_kill = [
-        c for t, c in load.failures
-        if kill_at is not None and 0 <= t - t0 - kill_at <= KILL_GRACE
-    ]  # fmt: skip
+    by_kill = of_the_killed_worker(load.failures, t0, kill_at)
     slopes, growth = {}, {}
     for pid in {p for s in samples for p in s["processes"]}:
         points = [(s["t"], s["processes"][pid]["rss_mb"]) for s in samples if pid in s["processes"]]

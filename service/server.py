@@ -344,7 +344,9 @@ async def serve(
     for sig in signals:
         loop.add_signal_handler(sig, on_signal, sig)
     if coordinator is not None:  # the supervisor went away: drain as on SIGTERM
-        coordinator.attach(server.repository, lambda: on_signal(signal.SIGTERM))
+        coordinator.attach(
+            server.repository, lambda: on_signal(signal.SIGTERM), server.backlog.peer_lost
+        )
     try:
         start = asyncio.create_task(server.start())
         stopped = asyncio.create_task(stop.wait())

@@ -10,6 +10,7 @@ element).
     Applied(key, error)   done (error: None or what went wrong)
     Pong(seq)           the answer to Ping(seq)  Ping(seq)        liveness: answered from the
                                                                   worker's event loop
+                                                 PeerLost()       another worker died
 
 Admin changes (LoadModel, UnloadModel, ReloadRepository) are relayed rather than shared
 through a file: the call returns only once every worker has applied it, errors come back to
@@ -28,6 +29,9 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from textserve.service.repository.core import ModelRepository
+
+
+Hook = Callable[[], None]  # what a worker's server is told to do (attach: stop, peer_lost)
 
 
 class AdminAction(enum.Enum):
@@ -118,8 +122,14 @@ class Ping:
     seq: int
 
 
+@dataclass(frozen=True)
+class PeerLost:
+    """Another worker died: its clients reconnect to the others (service/backlog.py does not
+    judge their load overload for a moment)."""
+
+
 ToSupervisor = Warm | Readiness | StartupFailed | Relay | Applied | Pong
-ToWorker = Serve | Apply | Relayed | Ping
+ToWorker = Serve | Apply | Relayed | Ping | PeerLost
 
 
 class Coordinator(Protocol):
@@ -132,10 +142,10 @@ class Coordinator(Protocol):
     def workers(self) -> int:
         """N, which they carry too."""
 
-    def attach(self, repository: ModelRepository, stop: Callable[[], None]) -> None:
+    def attach(self, repository: ModelRepository, stop: Hook, peer_lost: Hook) -> None:
         """Start listening to the supervisor, before the server starts: admin changes of the
         other workers apply to `repository`; `stop()` drains the server (the supervisor is
-        gone)."""
+        gone); `peer_lost()` when another worker died."""
 
     async def before_serving(self) -> None:
         """Awaited once the models are warm, before SERVING (the supervisor says when every

@@ -58,6 +58,7 @@ from textserve.service.workers.protocol import (
     AdminChange,
     Applied,
     Apply,
+    PeerLost,
     Ping,
     Pong,
     Readiness,
@@ -463,6 +464,9 @@ class Supervisor:
             return
         else:
             life.died(code, now)
+            for other in self.workers:  # its clients reconnect to them
+                if other is not worker and other.conn is not None:
+                    self._send(other, PeerLost())
         self._changed(worker)
         worker.pid = 0
         self._set_count()

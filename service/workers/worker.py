@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
@@ -23,6 +22,8 @@ from textserve.service.workers.protocol import (
     AdminChange,
     Applied,
     Apply,
+    Hook,
+    PeerLost,
     Ping,
     Pong,
     Readiness,
@@ -91,7 +92,8 @@ class WorkerLink:
         self._inbox: asyncio.Queue[Serve | Apply] = asyncio.Queue()
         self._go = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._stop: Callable[[], None] | None = None
+        self._stop: Hook | None = None
+        self._peer_lost: Hook | None = None
 
     @property
     def workers(self) -> int:
@@ -101,11 +103,12 @@ class WorkerLink:
         with contextlib.suppress(OSError, ValueError):  # the supervisor is gone: reader notices
             self._conn.send(message)
 
-    def attach(self, repository: ModelRepository, stop: Callable[[], None]) -> None:
+    def attach(self, repository: ModelRepository, stop: Hook, peer_lost: Hook) -> None:
         """Start listening to the supervisor: admin changes apply to `repository`; `stop()`
-        drains the server (called when the supervisor is gone)."""
+        drains the server (called when the supervisor is gone); `peer_lost()` when another
+        worker died."""
         self._repository = repository
-        self._stop = stop
+        self._stop, self._peer_lost = stop, peer_lost
         loop = asyncio.get_running_loop()
         loop.add_reader(self._conn.fileno(), self._readable)
         self._tasks.append(loop.create_task(self._apply_in_order()))
@@ -160,6 +163,10 @@ class WorkerLink:
                     future.set_result(error)
             case Ping(seq=seq):  # from the event loop: a blocked loop does not answer
                 self.send(Pong(seq))
+            case PeerLost():
+                logger.info("another worker died: its clients come here too")
+                if self._peer_lost is not None:  # attached
+                    self._peer_lost()
             case Serve() | Apply():  # in the order they came
                 self._inbox.put_nowait(message)
             case _:

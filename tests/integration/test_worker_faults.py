@@ -106,6 +106,8 @@ def test_a_stopped_or_blocked_worker_is_caught_by_the_heartbeat_and_replaced(
     assert noticed <= TIMEOUT + 1.5, noticed
     assert len(replaced) == 2
     assert f"pid {pid}): unresponsive" in text and "died with signal SIGKILL (unresponsive)" in text
+    # the survivor was told (PeerLost): its backlog does not judge the load it inherits overload
+    assert text.count("another worker died: its clients come here too") == 1, text[-3000:]
     assert samples[("textserve_worker_restarts_total", (("reason", "unresponsive"),))] == 1
     assert samples[("textserve_worker_restarts_total", (("reason", "exited"),))] == 0
     # only calls of the stopped worker's connections failed, none on the other worker: the one

@@ -7,7 +7,15 @@ from collections import Counter
 
 import pytest
 
-from textserve.bench.soak import GROWTH_MB, MESSAGES, WARMUP, rss_growth, tally
+from textserve.bench.soak import (
+    GROWTH_MB,
+    KILL_GRACE,
+    MESSAGES,
+    WARMUP,
+    of_the_killed_worker,
+    rss_growth,
+    tally,
+)
 
 
 def series(seconds: int, rss: float, slope_per_minute: float = 0.0) -> list[tuple[float, float]]:
@@ -53,3 +61,18 @@ def test_every_failure_message_is_counted_up_to_a_bound() -> None:
     assert len(messages) == MESSAGES + 1  # the bound, and "(other)" for the rest
     assert messages["(other)"] == 2 * MESSAGES - (MESSAGES - 2)
     assert sum(messages.values()) == 4 + 2 * MESSAGES
+
+
+def test_only_unavailable_near_the_kill_is_the_killed_workers() -> None:
+    t0, kill_at = 100.0, 60.0  # the kill at 160 s on the monotonic clock
+    failures = [
+        (159.0, "UNAVAILABLE"),  # before the kill: not its
+        (160.5, "UNAVAILABLE"),  # a call in flight on it
+        (161.0, "stream UNAVAILABLE"),  # the stream it held
+        (162.0, "RESOURCE_EXHAUSTED"),  # a survivor refusing the load it was handed
+        (163.0, "INTERNAL"),
+        (166.0, "UNAVAILABLE"),  # past KILL_GRACE
+    ]
+    assert KILL_GRACE == 5.0
+    assert of_the_killed_worker(failures, t0, kill_at) == ["UNAVAILABLE", "stream UNAVAILABLE"]
+    assert of_the_killed_worker(failures, t0, None) == []  # no kill: nobody's

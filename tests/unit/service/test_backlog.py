@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from textserve.cli import CliError, build_parser
-from textserve.service.backlog import REFUSAL_MESSAGE, Backlog
+from textserve.service.backlog import FAILOVER, REFUSAL_MESSAGE, Backlog
 from textserve.service.cli import build_config
 from textserve.service.config import ConfigError, ServerConfig
 
@@ -247,3 +247,35 @@ def test_the_streams_flag_refuses_a_negative_count() -> None:
     args = build_parser().parse_args(["serve", "--max-streams-per-connection", "-1"])
     with pytest.raises(CliError, match="--max-streams-per-connection must be 1 to"):
         build_config(args)
+
+
+def _failover(peer_lost: bool) -> list[str]:
+    """A worker of two serving its share, 10 calls a sample, each at once, for 3 s; then the
+    other dies: its clients reconnect here and 20 arrive a sample while the replacement
+    warming up beside it stalls this one. The bound of each sample's refusals ("" for none)."""
+    backlog, grpc, now = _backlog(max_wait=2.0, target=0.1)
+    for _ in range(60):
+        grpc.started += 10
+        grpc.ended += 10
+        backlog.entries += 10
+        assert _tick(backlog, now) == 0
+    if peer_lost:
+        backlog.peer_lost()
+    bounds = []
+    for _ in range(round(FAILOVER / STEP) + 20):
+        grpc.started += 20
+        bounds.append(backlog.message if _tick(backlog, now, alive=False) > 0 else "")
+    return bounds
+
+
+def test_a_dead_peers_load_is_not_overload_for_a_moment() -> None:
+    """For FAILOVER seconds after the supervisor's PeerLost, a standing backlog under doubled
+    arrivals is not shed to the target (only calls past the age bound are refused); after
+    them it is. Without PeerLost the same is overload within about a second."""
+    target, age = REFUSAL_MESSAGE.format(ms=100), REFUSAL_MESSAGE.format(ms=2000)
+    calm = round(FAILOVER / STEP)
+    told = _failover(peer_lost=True)
+    assert set(told[:calm]) == {"", age}  # the age bound only, from 2 s on
+    assert target in told[calm:]  # still standing once FAILOVER is over: shed
+    untold = _failover(peer_lost=False)
+    assert target in untold[: round(1.5 / STEP)]
