@@ -20,7 +20,7 @@ from textserve.bench.loadgen import _check, spread_channels
 from textserve.bench.process import ServerProcess
 from textserve.cli import main as cli_main
 from textserve.client import AsyncClient, Client, ClientError
-from textserve.spread import HEALTH_CHECK, WORKER_KEY, WORKERS_KEY
+from textserve.spread import WORKER_KEY, WORKERS_KEY, check_async, check_blocking
 
 MODEL = "handmade"
 ROUNDS = 5  # a blind split of 4 connections is 2-2 five times in a row about once in 140
@@ -43,8 +43,7 @@ def _landed(channels: list[grpc.Channel]) -> list[int]:
     """Connections on each worker, most first, as each channel's own Check answer says."""
     workers = Counter()
     for channel in channels:
-        _, call = channel.unary_unary(HEALTH_CHECK).with_call(b"", timeout=10)
-        metadata = dict(call.initial_metadata())
+        metadata = dict(check_blocking(channel, timeout=10))
         assert metadata[WORKERS_KEY] == "2"
         workers[metadata[WORKER_KEY]] += 1
     return sorted(workers.values(), reverse=True)
@@ -83,9 +82,7 @@ def test_the_async_client_spreads_its_connections(two_workers: ServerProcess) ->
             split = await client.spread()
             landed = Counter()
             for channel in client._channels:
-                call = channel.unary_unary(HEALTH_CHECK)(b"", timeout=10)
-                await call
-                landed[dict(await call.initial_metadata())[WORKER_KEY]] += 1
+                landed[dict(await check_async(channel, timeout=10))[WORKER_KEY]] += 1
             assert (await client.classify(["good film"])).predictions
             return split, sorted(landed.values())
 
