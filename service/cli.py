@@ -99,6 +99,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                 intra_op_threads=args.intra_op_threads,
                 inter_op_threads=args.inter_op_threads,
                 inference_threads=args.inference_threads,
+                inference_nice=args.inference_nice,
                 cuda=CudaConfig(
                     device_id=args.cuda_device_id,
                     memory_limit=args.cuda_memory_limit,

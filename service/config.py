@@ -169,6 +169,9 @@ class RuntimeConfig:
     intra_op_threads: int = 0  # threads inside one operator; 0: the usable CPUs less one
     inter_op_threads: int = 1  # operators run in parallel; 1 because our graphs are sequential
     inference_threads: int = 1  # batches run at the same time per model (one is right on CPU)
+    # Niceness added to the threads that tokenize and run batches (engine/priority.py), so the
+    # event loop takes and refuses calls first on a busy core; 0: the same priority.
+    inference_nice: int = 10
     warmup: bool = True  # run a few batches before reporting SERVING
     cuda: CudaConfig = field(default_factory=CudaConfig)  # used when a session runs on CUDA
     # Runs through an onnxruntime IOBinding (inputs as OrtValues, logits bound to host memory):
@@ -194,6 +197,10 @@ class RuntimeConfig:
             )
         if self.intra_op_threads < 0 or self.inter_op_threads < 0:
             raise ConfigError("--intra-op-threads and --inter-op-threads must be 0 (auto) or more")
+        if not 0 <= self.inference_nice <= 19:
+            raise ConfigError(
+                f"--inference-nice must be between 0 and 19, got {self.inference_nice}"
+            )
         if self.inference_threads < 1:
             raise ConfigError(
                 f"--inference-threads must be at least 1, got {self.inference_threads}"

@@ -369,6 +369,13 @@ def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
         "batches run at once per model (1 on CPU)",
         type=int,
     )
+    flag(
+        "inference-nice",
+        _text(runtime.inference_nice),
+        "niceness added to the threads that tokenize and run batches, so the event loop "
+        "takes and refuses calls first on a busy core (0: the same priority)",
+        type=int,
+    )
     _add_cuda_arguments(parser)
 
 

@@ -52,6 +52,7 @@ from textserve.service.engine.batches import (
     NullObserver,
     RunStats,
 )
+from textserve.service.engine.priority import lower_priority
 from textserve.service.engine.queue import BatchQueue, QueueItem
 from textserve.service.errors import (
     DeadlineExceededError,
@@ -132,6 +133,7 @@ class Batcher(Generic[P]):
         *,
         executor: Executor | None = None,
         workers: int = 1,
+        nice: int = 0,
         observer: BatchObserver | None = None,
         name: str = "model",
         clock: Callable[[], float] = time.monotonic,
@@ -144,7 +146,10 @@ class Batcher(Generic[P]):
         self.config = config
         self.name = name
         self._own_executor = executor is None
-        self._executor = executor or ThreadPoolExecutor(workers, thread_name_prefix=f"infer-{name}")
+        # Its threads tokenize and run batches `nice` below the loop (engine/priority.py).
+        self._executor = executor or ThreadPoolExecutor(
+            workers, f"infer-{name}", initializer=lower_priority, initargs=(nice,)
+        )
         self._workers_n = workers
         self._observer = observer or NullObserver()
         self._clock = clock

@@ -83,6 +83,7 @@ class ModelHandle:
         batcher_config: BatcherConfig,
         max_texts_per_request: int,
         inference_workers: int = 1,
+        inference_nice: int = 0,
         metrics: Metrics | None = None,
     ) -> None:
         self.manifest = manifest
@@ -94,8 +95,7 @@ class ModelHandle:
         self.provider = session.provider
         self.precision = manifest.precision  # fp32, fp16, int8: the graph's (the logits: float32)
         self.max_texts_per_request = max_texts_per_request
-        # The startup log line that says where each version runs (GetModel and
-        # textserve_model_info say it too).
+        # Where each version runs, logged (GetModel and textserve_model_info say it too).
         logger.info(
             "model %s version %d runs on %s, %s weights, I/O binding %s%s",
             self.name, self.version, self.provider, self.precision,
@@ -122,6 +122,7 @@ class ModelHandle:
             self.runner,
             batcher_config,
             workers=inference_workers,
+            nice=inference_nice,
             observer=observer,
             name=f"{self.name}:{self.version}",
             trace_attributes={

@@ -46,6 +46,7 @@ from multiprocessing.connection import (
 from typing import TYPE_CHECKING, Any, Protocol
 
 from textserve.service.engine.memory import pin_malloc_thresholds, release_freed_memory
+from textserve.service.engine.priority import lower_process
 from textserve.service.engine.remote import (
     START_TIMEOUT,
     EngineProcess,
@@ -332,6 +333,8 @@ def hub_main(
         format="%(asctime)s %(levelname)s engine %(name)s: %(message)s",
     )
     pin_malloc_thresholds()  # before any version loads: a released one's memory goes back
+    # Below the workers' loops (engine/priority.py), before any thread or session is made.
+    lower_process(runtime.inference_nice, base_pid=os.getppid())
     hub = Hub(runtime, max_batch_tokens, limit, authkey)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(address)  # a previous hub's

@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -210,8 +211,12 @@ def serve(
     """The engine process: build the version's batch function, then answer batches until told
     to stop or the pipe closes."""
     from textserve.service.engine.memory import pin_malloc_thresholds
+    from textserve.service.engine.priority import lower_process
 
     pin_malloc_thresholds()  # as the serving process (engine/memory.py)
+    # Below the serving process's loop, as its inference thread would be; before the session,
+    # so that onnxruntime's threads inherit it (engine/priority.py).
+    lower_process(runtime.inference_nice, base_pid=os.getppid())
     try:
         runner = runner_from_bytes(model, tokenizer_bytes, manifest, runtime, max_batch_tokens)
     except BaseException as exc:

@@ -36,6 +36,7 @@ from textserve.tokenization import TokenizationError
 
 if TYPE_CHECKING:
     from textserve.service.engine.handle import ModelHandle
+    from textserve.service.engine.runtime import Session
     from textserve.service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def load_version_dir(
     from tokenizers import Tokenizer
 
     from textserve.service.engine.handle import ModelCheckError, ModelHandle
-    from textserve.service.engine.runtime import ContractError, DeviceUnavailableError, Session
+    from textserve.service.engine.runtime import ContractError, DeviceUnavailableError
 
     manifest, files, model = _open(path)
     model_bytes: bytes | None = None  # --engine process: what the engine process loads
@@ -123,13 +124,7 @@ def load_version_dir(
                 f"{path}/{TOKENIZER_FILE} is not a tokenizers file: {exc}", "tokenizer_error"
             ) from None
         try:
-            session = Session(
-                model.path,
-                config.runtime,
-                source=path / MODEL_FILE,
-                inputs=manifest.inputs,
-                per_token=manifest.tags_tokens,
-            )
+            session = _session(path, manifest, model.path, config)
             if config.runtime.engine != "thread":
                 model_bytes = Path(model.path).read_bytes()
             model.unchanged()  # what onnxruntime read is what was hashed
@@ -150,6 +145,7 @@ def load_version_dir(
             batcher_config=config.batcher,
             max_texts_per_request=config.max_texts_per_request,
             inference_workers=config.runtime.inference_threads,
+            inference_nice=config.runtime.inference_nice,
             metrics=metrics,
         )
         # Even without warm-up: a few one-row runs, and a misfit served fails requests instead.
@@ -169,6 +165,24 @@ def load_version_dir(
     if model_bytes is not None:
         _use_engine_process(handle, model_bytes, files[TOKENIZER_FILE], config)
     return handle
+
+
+def _session(path: Path, manifest: Manifest, model: Path, config: ServerConfig) -> Session:
+    """The version's onnxruntime session, made in a thread below the loop's priority so that
+    onnxruntime's pool threads are too (engine/priority.py)."""
+    from textserve.service.engine.priority import in_lowered_thread
+    from textserve.service.engine.runtime import Session
+
+    return in_lowered_thread(
+        lambda: Session(
+            model,
+            config.runtime,
+            source=path / MODEL_FILE,
+            inputs=manifest.inputs,
+            per_token=manifest.tags_tokens,
+        ),
+        config.runtime.inference_nice,
+    )
 
 
 def _use_engine_process(

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tests.handmade import make_version
+from tests.integration.test_inference_priority import niceness
 from tests.integration.test_workers import Connection, connections_to_every_worker, scrape
 from tests.serving import RunningServer, poll, running_server, serve_subprocess
 from textserve.bench.process import ServerProcess
@@ -111,6 +112,9 @@ def test_both_workers_answer_from_one_engine_with_merged_batches(
         hub = hub_pid(server)
         children = {p.pid for p in psutil.Process(server.pid).children()}
         assert hub in children
+        base = psutil.Process(server.pid).nice()  # --inference-nice 10: the hub below the loops
+        assert {niceness(hub, t.id) for t in psutil.Process(hub).threads()} == {min(19, base + 10)}
+        assert {psutil.Process(pid).nice() for pid in children - {hub}} == {base}
         load(every_worker(server, stack), 30, thread_answers)
         merged, runs = merged_runs(server.metrics_url)
         assert runs > 0
