@@ -175,6 +175,7 @@ class Backlog:
         target: float | None = None,
         standing: float = STANDING,
         counter: Any = None,
+        unhandled: Any = None,
         interval: float = INTERVAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -203,6 +204,9 @@ class Backlog:
         self.beat = clock()  # when the loop last ran its heartbeat
         self._read = read
         self._counter = counter
+        # calls grpc ended that no handler ran, counted so far (see _count_unhandled)
+        self._unhandled = 0
+        self._unhandled_counter = unhandled
         self._interval = interval
         self._clock = clock
         # (when, grpc's started count, refusals) at each sample
@@ -238,6 +242,7 @@ class Backlog:
         started, ended, succeeded = self._read()
         in_app, entries = self.in_app, self.entries
         taken = ended + in_app
+        self._count_unhandled(ended - (entries - in_app))
         # the loop beat since the sample before: three such samples in a row with no call taken
         # (a loop that stalls just after a beat looks alive for one sample more, not two)
         alive = now - self.beat < 1.5 * self._interval
@@ -269,6 +274,17 @@ class Backlog:
             self._bound, self.message = bound, self._messages[bound]
             self.shed_until = entries + excess
         return max(0, excess)
+
+    def _count_unhandled(self, unhandled: int) -> None:
+        """Count the calls grpc ended that no handler ran: refused at the door by grpc.aio's
+        limiter (`--max-concurrent-rpcs`: most of them under overload, now that the loop takes
+        calls as they come), by authentication, UNIMPLEMENTED, or cancelled while held. A
+        handler's call leaves in_app before grpc ends it, and `ended` is read first, so the
+        difference is never more than the truth: counted as it rises."""
+        if unhandled > self._unhandled:
+            if self._unhandled_counter is not None:
+                self._unhandled_counter.inc(unhandled - self._unhandled)
+            self._unhandled = unhandled
 
     def _shed_to_target(self, now: float, started: int, beyond: bool, waiting: bool) -> bool:
         """Whether calls older than the target are shed now: some wait (`waiting`), more than

@@ -90,12 +90,8 @@ __all__ = [
 
 
 def _default_registry() -> CollectorRegistry:
-    """A fresh registry with what prometheus_client's global one has: process, platform, GC.
-
-    A fresh one rather than the global REGISTRY so that several servers in one process (tests,
-    benchmarks) never clash with "Duplicated timeseries"; the process metrics
-    (process_cpu_seconds_total, process_resident_memory_bytes) are still exposed.
-    """
+    """A fresh registry with what prometheus_client's global one has: process, platform, GC
+    (not the global REGISTRY: servers in one process, tests, never clash on a duplicate series)."""
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
@@ -123,9 +119,8 @@ class Metrics:
         self._lock = threading.Lock()
         self._models: set[str] = set()
         self._info: dict[str, tuple[str, str, str]] = {}
-        # (method, model, code) -> the labelled children observe_request updates: labels() costs
-        # more than an observation, and this runs once per request. Emptied whenever the set
-        # of models changes.
+        # (method, model, code) -> the labelled children observe_request updates (labels() costs
+        # more than an observation, once per request); emptied whenever the models change.
         self._request_children: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
 
     def _add_time_metrics(self, r: CollectorRegistry) -> None:
@@ -237,6 +232,12 @@ class Metrics:
         )
         for bound in ("max_wait", "target"):  # both series from 0, before any refusal
             self.backlog_refusals.labels(bound=bound)
+        self.grpc_unhandled = Counter(
+            "textserve_grpc_calls_unhandled",
+            "gRPC calls grpc ended with no handler run: under overload those grpc.aio refused at "
+            "--max-concurrent-rpcs; also auth refusals, UNIMPLEMENTED, cancelled while held",
+            registry=r,
+        )
         self.limit_refusals = Counter(
             "textserve_request_limit_refusals",
             "Requests refused for a per-request limit (never split or cut silently), by limit",

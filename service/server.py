@@ -267,6 +267,7 @@ def create_server(
         channelz_reader(before) if config.max_backlog_wait is not None else None,
         target=config.backlog_target,
         counter=metrics.backlog_refusals,
+        unhandled=metrics.grpc_unhandled,
     )
     # a grpc.aio.Server to the services
     registrar: Any = GuardedRegistrar(grpc_server, gate, backlog)

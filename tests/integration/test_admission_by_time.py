@@ -137,8 +137,17 @@ def test_calls_beyond_the_concurrent_limit_are_refused_at_once_never_cancelled(
                     stub.Classify(pb.ClassifyRequest(texts=[TEXT]), timeout=60)
                 assert time.monotonic() - started < 5  # at the door, not after the queue
                 assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert caught.value.details() == "Concurrent RPC limit exceeded!"  # grpc.aio's
+                # counted, though no handler of ours saw it (channelz, by the backlog's sampler)
+                poll(lambda: unhandled(srv) == 1, "the refusal counted")
             finally:
                 srv.call(handle.batcher.resume)
             assert all(len(future.result().results) == 1 for future in held)
             # the slots are free again
             assert len(stub.Classify(pb.ClassifyRequest(texts=[TEXT]), timeout=60).results) == 1
+            time.sleep(0.2)  # a few samples more: the calls served are not counted
+            assert unhandled(srv) == 1
+
+
+def unhandled(srv: RunningServer) -> float | None:
+    return srv.metrics.registry.get_sample_value("textserve_grpc_calls_unhandled_total")

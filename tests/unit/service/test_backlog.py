@@ -279,3 +279,32 @@ def test_a_dead_peers_load_is_not_overload_for_a_moment() -> None:
     assert target in told[calm:]  # still standing once FAILOVER is over: shed
     untold = _failover(peer_lost=False)
     assert target in untold[: round(1.5 / STEP)]
+
+
+class Counted:
+    """A prometheus Counter's inc(), kept."""
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+def test_calls_grpc_ended_that_no_handler_ran_are_counted_once() -> None:
+    grpc, now, counted = Grpc(), [0.0], Counted()
+    backlog = Backlog(1.0, grpc.read, unhandled=counted, clock=lambda: now[0], interval=STEP)
+    grpc.started, backlog.entries, backlog.in_app = 10, 10, 10  # ten calls in handlers
+    _tick(backlog, now)
+    grpc.started += 5
+    grpc.ended += 5  # five refused by grpc.aio's limiter: ended, never entered a handler
+    grpc.failed += 5
+    _tick(backlog, now)
+    assert counted.value == 5
+    backlog.in_app -= 10  # the ten leave their handlers, then grpc ends them
+    assert _tick(backlog, now) <= 0
+    assert counted.value == 5  # between the two: never counted
+    grpc.ended += 10
+    for _ in range(3):
+        _tick(backlog, now)
+    assert counted.value == 5  # served calls are not unhandled ones; nothing counted twice
