@@ -113,7 +113,7 @@ def test_both_workers_answer_from_one_engine_with_merged_batches(
         children = {p.pid for p in psutil.Process(server.pid).children()}
         assert hub in children
         base = psutil.Process(server.pid).nice()  # --inference-nice 10: the hub below the loops
-        assert {niceness(hub, t.id) for t in psutil.Process(hub).threads()} == {min(19, base + 10)}
+        assert {niceness(t.id) for t in psutil.Process(hub).threads()} == {min(19, base + 10)}
         assert {psutil.Process(pid).nice() for pid in children - {hub}} == {base}
         load(every_worker(server, stack), 30, thread_answers)
         merged, runs = merged_runs(server.metrics_url)

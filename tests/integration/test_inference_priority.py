@@ -37,13 +37,13 @@ def classify(srv: RunningServer) -> None:
         assert len(pb_grpc.ClassifierStub(channel).Classify(request, timeout=30).results) == 2
 
 
-def niceness(pid: int, tid: int) -> int:
-    with open(f"/proc/{pid}/task/{tid}/stat") as stat:  # field 19, after the (comm)
-        return int(stat.read().rsplit(")", 1)[1].split()[16])
+def niceness(tid: int) -> int:
+    """A thread's niceness, whichever process it belongs to (Linux: a thread id is a task)."""
+    return os.getpriority(os.PRIO_PROCESS, tid)
 
 
 def threads_at(pid: int, nice: int) -> set[int]:
-    return {t.id for t in psutil.Process(pid).threads() if niceness(pid, t.id) == nice}
+    return {t.id for t in psutil.Process(pid).threads() if niceness(t.id) == nice}
 
 
 def test_the_batch_thread_and_onnxruntimes_pool_run_below_the_loop(repository: Path) -> None:
@@ -80,7 +80,7 @@ def test_zero_leaves_every_thread_at_the_loops_priority(repository: Path) -> Non
         classify(srv)
         executor = srv.server.repository.get().batcher._executor
         for thread in executor._threads:  # type: ignore[attr-defined]
-            assert niceness(os.getpid(), thread.native_id) == base
+            assert niceness(thread.native_id) == base
 
 
 @pytest.mark.parametrize("value", ["20", "-1"])
