@@ -222,6 +222,12 @@ class Backlog:
     def on(self) -> bool:
         return self.max_wait is not None
 
+    @property
+    def unhandled(self) -> int:
+        """Calls grpc ended that no handler ran, counted so far (_count_unhandled): under
+        overload those grpc.aio's limiter refused, arrivals the guard never saw."""
+        return self._unhandled
+
     def peer_lost(self) -> None:
         """Another worker died: for FAILOVER seconds its clients' calls, arriving here, are
         load this worker has not served yet, not overload (the supervisor's PeerLost)."""

@@ -78,6 +78,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
             max_connection_age=args.max_connection_age or None,
             max_backlog_wait=seconds_or_off(args.max_backlog_wait_ms),
             backlog_target=seconds_or_off(args.backlog_target_ms),
+            inflight_wait=seconds_or_off(args.inflight_wait_ms),
             stream_max_inflight=args.stream_max_inflight,
             security=SecurityConfig(
                 tls_cert=Path(args.tls_cert) if args.tls_cert else None,

@@ -293,8 +293,8 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "max-concurrent-rpcs",
         _text(server.max_concurrent_rpcs),
         "gRPC calls handled at once; beyond it a call is answered RESOURCE_EXHAUSTED "
-        "(retryable) as soon as the server takes it from grpc; HTTP inference requests the "
-        "same, each bound per process (429 with Retry-After); 0: no limit",
+        "(retryable) as soon as the server takes it from grpc; gRPC calls and HTTP inference "
+        "requests together the same (429 with Retry-After over HTTP), per process; 0: no limit",
         type=int,
     )
     flag(
@@ -329,6 +329,15 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "milliseconds of wait in grpc an overload is shed to: calls that waited longer, for a "
         "second, while calls arrive faster than the server has served them (overload, not a "
         "stall), are answered RESOURCE_EXHAUSTED; 0: off (only --max-backlog-wait-ms)",
+        type=float,
+    )
+    flag(
+        "inflight-wait-ms",
+        ms_text(server.inflight_wait),
+        "milliseconds of work the requests in flight may hold under overload: once requests "
+        "arrive faster than the server has ever answered them, it lets in what it answers in "
+        "this long and answers the rest RESOURCE_EXHAUSTED (HTTP 429) at once, instead of "
+        "letting --max-concurrent-rpcs of them wait; 0: off (the count alone)",
         type=float,
     )
 

@@ -71,6 +71,7 @@ LIMITS: tuple[str, ...] = (
     "texts_per_request",  # --max-texts-per-request
     "windows_per_request",  # the same limit, on the windows of long texts (dataplane/windows.py)
     "concurrent_requests",  # --max-concurrent-rpcs over HTTP (gRPC's: refused by grpc.aio itself)
+    "inflight_wait",  # --inflight-wait-ms under overload, gRPC and HTTP (service/door.py)
 )
 
 # Why a model version failed to load: the label `reason` of textserve_model_load_failures_total.

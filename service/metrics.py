@@ -8,9 +8,7 @@ Use::
     metrics.observe_request("Classify", "default", "OK", 0.0042)
     model = metrics.for_model("default")     # the engine's series of one model (batcher observer)
     model.on_batch(size=8, padded_tokens=8 * 24, padding_ratio=0.21, seconds=0.003)
-    server, port = start_metrics_server(8000, "0.0.0.0", metrics.registry)
-    ...
-    server.close()
+    server, port = start_metrics_server(8000, "0.0.0.0", metrics.registry)  # server.close()
 
 Tests pass ``Metrics(CollectorRegistry())`` and read values with ``registry.get_sample_value``.
 
@@ -241,9 +239,13 @@ class Metrics:
         self.limit_refusals = Counter(
             "textserve_request_limit_refusals",
             "Requests refused for a per-request limit (never split or cut silently), by limit",
-            ["method", "limit"],
-            registry=r,
-        )
+            ["method", "limit"], registry=r,
+        )  # fmt: skip
+        self.inflight_limit = Gauge(
+            "textserve_inflight_limit", "Inference requests let in at once: "
+            "--max-concurrent-rpcs, or under overload what is answered in --inflight-wait-ms",
+            registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
         self.request_failures = Counter(
             "textserve_request_failures",
             "Requests that ended with a non-OK status, by reason",
@@ -311,9 +313,8 @@ class Metrics:
         )
         for reason in SPAN_DROP_REASONS:
             self.trace_spans_dropped.labels(reason)
-        for method in METHODS:
-            for limit in LIMITS:
-                self.limit_refusals.labels(method, limit)
+        for method, limit in ((m, limit) for m in METHODS for limit in LIMITS):
+            self.limit_refusals.labels(method, limit)
 
     # -- models --------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from textserve.service.backlog import PENDING_CAP, Backlog, channelz_reader, server_ids
 from textserve.service.config import ServerConfig
 from textserve.service.dataplane.context import ServingContext, Telemetry
+from textserve.service.door import Door
 from textserve.service.drain import DrainGate
 from textserve.service.engine.memory import pin_malloc_thresholds
 from textserve.service.health import NOT_SERVING, SERVING, DrainingHealthServicer
@@ -86,6 +87,13 @@ class Server:
         # worker is warm) and told each readiness state (the supervisor's /readyz)
         self.coordinator = coordinator
 
+    def peer_lost(self) -> None:
+        """Another worker died: its clients' calls, arriving here, are not overload for a
+        while (service/backlog.py, service/door.py)."""
+        self.backlog.peer_lost()
+        if self.ctx.door is not None:
+            self.ctx.door.peer_lost()
+
     @property
     def address(self) -> str:
         return f"{self.config.listen.rpartition(':')[0]}:{self.port}"
@@ -123,6 +131,8 @@ class Server:
     async def _listen(self) -> None:
         await self.grpc_server.start()
         self.backlog.start(asyncio.get_running_loop())
+        if self.ctx.door is not None:
+            self.ctx.door.start(asyncio.get_running_loop())
         if self.coordinator is None:
             logger.info(
                 "listening on %s (gRPC); loading models from %s",
@@ -190,6 +200,8 @@ class Server:
         # those still running when grace is over; HTTP answers new inference requests 503 while
         # its in-flight ones finish
         self.backlog.stop()  # before grpc's server is gone: its counts with it
+        if self.ctx.door is not None:
+            self.ctx.door.stop()
         http = None if self.http is None else self.http.server
         draining = [grpc_stopping or self.grpc_server.stop(grace)]
         if http is not None:
@@ -269,8 +281,15 @@ def create_server(
         counter=metrics.backlog_refusals,
         unhandled=metrics.grpc_unhandled,
     )
+    ctx.door = Door(
+        config.max_concurrent_rpcs,
+        config.inflight_wait,
+        gauge=metrics.inflight_limit,
+        refusals=metrics.limit_refusals,
+        extra_arrivals=lambda: backlog.unhandled,  # refused by grpc.aio's limiter
+    )
     # a grpc.aio.Server to the services
-    registrar: Any = GuardedRegistrar(grpc_server, gate, backlog)
+    registrar: Any = GuardedRegistrar(grpc_server, gate, backlog, ctx.door)
     names: list[str] = []
     for register in [*SERVICES, *extra_services]:
         names.extend(register(registrar, ctx))
@@ -345,9 +364,7 @@ async def serve(
     for sig in signals:
         loop.add_signal_handler(sig, on_signal, sig)
     if coordinator is not None:  # the supervisor went away: drain as on SIGTERM
-        coordinator.attach(
-            server.repository, lambda: on_signal(signal.SIGTERM), server.backlog.peer_lost
-        )
+        coordinator.attach(server.repository, lambda: on_signal(signal.SIGTERM), server.peer_lost)
     try:
         start = asyncio.create_task(server.start())
         stopped = asyncio.create_task(stop.wait())

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from textserve.service.access_log import AccessLog
 from textserve.service.config import ServerConfig
+from textserve.service.door import Door
 from textserve.service.metrics import Metrics
 from textserve.service.repository.core import ModelRepository
 from textserve.service.tracing import Tracing
@@ -31,3 +32,6 @@ class ServingContext:
     # --workers: applies an admin change on every other worker and returns when they all have
     # (textserve.service.workers.protocol.Coordinator.relay); None in a single process
     relay: RelayChange | None = None
+    # the bound on inference requests in flight, gRPC and HTTP together (service/door.py);
+    # None: HTTP bounds by --max-concurrent-rpcs alone (a front end without a server)
+    door: Door | None = None

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from textserve.service.door import COUNT_MESSAGE
 from textserve.service.http import routes
 from textserve.service.http.errors import error_body, textserve_error
 from textserve.service.http.messages import JSON, ErrorShape, Request, Response, Route
@@ -129,6 +130,11 @@ class HttpApp:
             response = await self._answer(route, request, receive)
             await _send(send, response)
             return
+        door = self.ctx.door  # the bound in flight, gRPC's and HTTP's (service/door.py)
+        if door is not None and not door.enter():  # last: nothing refuses it once in
+            door.count_refusal(route.method)
+            await _send(send, _refusal(_busy(door.message), route.errors))
+            return
         self.inflight += 1
         self._idle.clear()
         try:
@@ -138,6 +144,8 @@ class HttpApp:
             await _send(send, response)
         finally:
             self.inflight -= 1
+            if door is not None:
+                door.leave()
             if self.inflight == 0:
                 self._idle.set()
 
@@ -184,7 +192,7 @@ class HttpApp:
                 "UNAVAILABLE",
                 [(b"connection", b"close")],
             )
-        if route.inference and self.limits.max_inflight is not None:
+        if route.inference and self.limits.max_inflight is not None and self.ctx.door is None:
             self._bound_inflight(route, self.limits.max_inflight)
         declared = request.header("content-length")
         if (
@@ -228,13 +236,7 @@ class HttpApp:
         if self.inflight < bound:
             return
         self.ctx.metrics.limit_refusals.labels(route.method, "concurrent_requests").inc()
-        raise Refused(
-            429,
-            f"the server is answering {bound} requests already (--max-concurrent-rpcs); "
-            "retry after a short wait",
-            "RESOURCE_EXHAUSTED",
-            [(b"retry-after", b"1")],
-        )
+        raise _busy(COUNT_MESSAGE.format(n=bound))
 
     def _note_refusal(self, path: str, problem: str) -> None:
         self._refused += 1
@@ -245,6 +247,11 @@ class HttpApp:
                 self._refused, path[:200], problem,
             )  # fmt: skip
             self._refused, self._logged_at = 0, now
+
+
+def _busy(message: str) -> Refused:
+    """429 at the door: overload, retryable after a short wait."""
+    return Refused(429, message, "RESOURCE_EXHAUSTED", [(b"retry-after", b"1")])
 
 
 def _too_large(limit: int) -> Refused:

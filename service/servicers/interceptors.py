@@ -35,10 +35,12 @@ import grpc
 from textserve.connect import read_tokens
 from textserve.service.config import SecurityConfig
 from textserve.service.errors import ValidationError
+from textserve.service.metric_labels import METHODS
 from textserve.service.tokens import TokenSet, bearer_token
 
 if TYPE_CHECKING:
     from textserve.service.backlog import Backlog
+    from textserve.service.door import Door, MethodDoor
 
 logger = logging.getLogger(__name__)
 
@@ -234,28 +236,45 @@ async def _check(
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _message(method, request.reason))
 
 
-def _taken(backlog: Any, sheddable: bool) -> Any:
+def _taken(backlog: Any, sheddable: bool, door: MethodDoor | None) -> Any:
     """Count a call the loop took from grpc (running until the caller's `finally` counts it
-    out): its backlog when it is among those to refuse for their wait in grpc, else None."""
+    out, `_out`): its backlog when it is among those to refuse for their wait in grpc, the
+    door when it is past the door's bound (service/door.py), else None (in, and through the
+    door when there is one)."""
     backlog.in_app += 1
     backlog.entries += 1
-    return backlog if sheddable and backlog.entries <= backlog.shed_until else None
+    if sheddable and backlog.entries <= backlog.shed_until:
+        return backlog
+    if door is not None and not door.enter():
+        return door
+    return None
+
+
+def _out(backlog: Any, shed: Any, door: MethodDoor | None) -> None:
+    backlog.in_app -= 1
+    if door is not None and shed is None:
+        door.leave()
 
 
 def _guard_unary(
-    method: str, behavior: Callable[..., Any], gate: Gate, backlog: Any, sheddable: bool
+    method: str,
+    behavior: Callable[..., Any],
+    gate: Gate,
+    backlog: Any,
+    sheddable: bool,
+    door: MethodDoor | None = None,
 ) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(behavior):
 
         async def guarded_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            shed = _taken(backlog, sheddable)
+            shed = _taken(backlog, sheddable, door)
             try:
                 if shed is not None or gate.closed or isinstance(request, Undecodable):
                     await _check(method, request, context, gate, shed)
                 async for response in behavior(request, context):
                     yield response
             finally:
-                backlog.in_app -= 1
+                _out(backlog, shed, door)
 
         return guarded_stream
 
@@ -270,13 +289,13 @@ def _guard_unary(
     # one isinstance before the servicer (measured: the interceptor chain this replaces cost
     # two coroutines per call).
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        shed = _taken(backlog, sheddable)
+        shed = _taken(backlog, sheddable, door)
         try:
             if shed is not None or gate.closed or isinstance(request, Undecodable):
                 await _check(method, request, context, gate, shed)
             return await behavior(request, context)
         finally:
-            backlog.in_app -= 1
+            _out(backlog, shed, door)
 
     return guarded
 
@@ -293,10 +312,11 @@ async def _checked_messages(method: str, requests: AsyncIterator[Any]) -> AsyncI
 def _guard_streaming(
     method: str, behavior: Callable[..., Any], gate: Gate, backlog: Any, sheddable: bool
 ) -> Callable[..., Any]:
+    # not through the door: a stream's messages are bounded by --stream-max-inflight
     if inspect.isasyncgenfunction(behavior):
 
         async def guarded_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            shed = _taken(backlog, sheddable)
+            shed = _taken(backlog, sheddable, None)
             try:
                 if shed is not None or gate.closed:
                     await _check(method, None, context, gate, shed)
@@ -311,7 +331,7 @@ def _guard_streaming(
         return guarded_stream
 
     async def guarded(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        shed = _taken(backlog, sheddable)
+        shed = _taken(backlog, sheddable, None)
         try:
             if shed is not None or gate.closed:
                 await _check(method, None, context, gate, shed)
@@ -331,13 +351,16 @@ def guard(
     handler: grpc.RpcMethodHandler,
     gate: Gate | None = None,
     backlog: Backlog | None = None,
+    door: Door | None = None,
 ) -> grpc.RpcMethodHandler:
     """`handler` with a deserializer that cannot raise, a behaviour that answers an
     undecodable message with INVALID_ARGUMENT and, once `gate` is closed (the drain), holds
     every new call until the drain lets it run (or refuses it UNAVAILABLE: DRAINING_MESSAGE).
     With `backlog` (service/backlog.py) each call is counted while it runs, and a call among
     those that waited too long in grpc is answered RESOURCE_EXHAUSTED before it runs (never
-    a health check or reflection: they answer as long as the server does)."""
+    a health check or reflection: they answer as long as the server does). With `door`
+    (service/door.py) a unary inference call (its name in metric_labels.METHODS) past the
+    door's bound is answered RESOURCE_EXHAUSTED before it runs."""
     gate = gate or _Open()
     sheddable = True
     if method.startswith(DRAIN_OPEN_SERVICES):
@@ -358,7 +381,9 @@ def guard(
     if handler.response_streaming:
         behavior = _guard_unary(method, handler.unary_stream, gate, counted, sheddable)
         return grpc.unary_stream_rpc_method_handler(behavior, safe, serializer)
-    behavior = _guard_unary(method, handler.unary_unary, gate, counted, sheddable)
+    name = method.rpartition("/")[2]
+    at = door.at(name) if door is not None and sheddable and name in METHODS else None
+    behavior = _guard_unary(method, handler.unary_unary, gate, counted, sheddable, at)
     return grpc.unary_unary_rpc_method_handler(behavior, safe, serializer)
 
 
@@ -366,11 +391,16 @@ class _GuardedGeneric(grpc.GenericRpcHandler):
     """A generic handler whose method handlers come out guarded (built once per method)."""
 
     def __init__(
-        self, inner: grpc.GenericRpcHandler, gate: Gate, backlog: Backlog | None = None
+        self,
+        inner: grpc.GenericRpcHandler,
+        gate: Gate,
+        backlog: Backlog | None = None,
+        door: Door | None = None,
     ) -> None:
         self._inner = inner
         self._gate = gate
         self._backlog = backlog
+        self._door = door
         self._cache: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     def service(
@@ -383,7 +413,7 @@ class _GuardedGeneric(grpc.GenericRpcHandler):
         cached = self._cache.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        guarded = guard(method, handler, self._gate, self._backlog)
+        guarded = guard(method, handler, self._gate, self._backlog, self._door)
         self._cache[method] = (handler, guarded)
         return guarded
 
@@ -401,15 +431,23 @@ class GuardedRegistrar:
     """
 
     def __init__(
-        self, server: grpc.aio.Server, gate: Gate | None = None, backlog: Backlog | None = None
+        self,
+        server: grpc.aio.Server,
+        gate: Gate | None = None,
+        backlog: Backlog | None = None,
+        door: Door | None = None,
     ) -> None:
         self._server = server
         self._gate = gate or _Open()
         self._backlog = backlog
+        self._door = door
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         self._server.add_generic_rpc_handlers(
-            tuple(_GuardedGeneric(handler, self._gate, self._backlog) for handler in handlers)
+            tuple(
+                _GuardedGeneric(handler, self._gate, self._backlog, self._door)
+                for handler in handlers
+            )
         )
 
     def add_registered_method_handlers(
@@ -418,7 +456,7 @@ class GuardedRegistrar:
         self._server.add_registered_method_handlers(
             service,
             {
-                name: guard(f"/{service}/{name}", h, self._gate, self._backlog)
+                name: guard(f"/{service}/{name}", h, self._gate, self._backlog, self._door)
                 for name, h in handlers.items()
             },
         )
