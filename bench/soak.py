@@ -58,6 +58,9 @@ GROWTH_MB = 8.0
 GROWTH_FRACTION = 0.05
 
 
+PROGRESS_EVERY = 60  # samples (seconds) between two progress lines
+
+
 def _proc(pid: int) -> dict[str, float] | None:
     rss, threads, fds = (
         procfs.status_number(pid, "VmRSS"),
@@ -67,6 +70,15 @@ def _proc(pid: int) -> dict[str, float] | None:
     if rss is None or threads is None or fds is None:
         return None
     return {"rss_mb": rss / 1024, "threads": threads, "fds": fds}
+
+
+def progress(elapsed: float, minutes: float, load: Load, processes: dict[str, Any]) -> str:
+    """One line a minute: time, calls so far, errors so far, each process's RSS."""
+    rss = ", ".join(f"{pid} {info['rss_mb']:.1f}" for pid, info in processes.items())
+    return (
+        f"{elapsed / 60:4.1f} / {minutes:g} min: {load.codes['OK']:,} OK, "
+        f"{len(load.failures)} errors; RSS MiB {rss}"
+    )
 
 
 def server_pids(supervisor: int) -> list[int]:
@@ -255,6 +267,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 samples.append({"t": now - t0, "errors": len(load.failures),
                                 "ok": load.codes["OK"], "streamed": load.streamed,
                                 "processes": processes})  # fmt: skip
+                if len(samples) % PROGRESS_EVERY == 1:  # long work shows progress
+                    print(progress(now - t0, args.minutes, load, processes), flush=True)
                 if now >= next_reload:
                     version = publish_copy(model_dir)
                     events.append((now - t0, f"version {version}"))

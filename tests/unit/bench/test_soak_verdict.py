@@ -76,3 +76,14 @@ def test_only_unavailable_near_the_kill_is_the_killed_workers() -> None:
     assert KILL_GRACE == 5.0
     assert of_the_killed_worker(failures, t0, kill_at) == ["UNAVAILABLE", "stream UNAVAILABLE"]
     assert of_the_killed_worker(failures, t0, None) == []  # no kill: nobody's
+
+
+def test_a_long_soak_prints_a_line_a_minute() -> None:
+    from types import SimpleNamespace
+
+    from textserve.bench.soak import progress
+
+    load = SimpleNamespace(codes={"OK": 123456}, failures=[(1.0, "UNAVAILABLE")] * 3)
+    processes = {"11": {"rss_mb": 78.12}, "12": {"rss_mb": 137.33}}
+    line = progress(90.0, 30, load, processes)  # type: ignore[arg-type]
+    assert line == " 1.5 / 30 min: 123,456 OK, 3 errors; RSS MiB 11 78.1, 12 137.3"
