@@ -37,7 +37,7 @@ of more callers than the count, whose refused callers come straight back without
 judged overload too, and kept to what is answered in W: the callers past it are refused as
 they were, the accepted ones wait W.
 
-    door = Door(ceiling=512, wait=0.3)
+    door = Door(ceiling=512, wait=0.2)
     door.start(loop)                    # the tick
     if not door.enter(): refuse(door.message)   # per request; door.leave() once answered
 """
@@ -75,8 +75,8 @@ COUNT_MESSAGE = (
 
 
 class Door:
-    """The requests in flight of one process and their bound. `enter`/`leave`/`refuse` run
-    on the event loop, and so does `tick` (call_later): no lock."""
+    """The requests in flight of one process and their bound. `enter`/`leave`/
+    `count_refusal` run on the event loop, and so does `tick` (call_later): no lock."""
 
     def __init__(
         self,
@@ -179,8 +179,8 @@ class Door:
             self.shedding = False
             return self.ceiling
         arrivals = self._ticks[-1][1] - first[1]  # the refused ones too (see above)
-        rate = (self.done - first[2]) / seconds  # answered per second, now
-        worth = max(self.floor, int(rate * self.wait))
+        answered = self.done - first[2]
+        worth = max(self.floor, int(answered / seconds * self.wait))  # at the rate now
         if arrivals / seconds <= OVERLOAD * max(self._answered):  # not overload: a fresh start
             self._overload_since = None
         elif self._overload_since is None:
@@ -190,7 +190,7 @@ class Door:
         # without a pause (a closed loop): their arrivals are not overload the door can shed,
         # and narrowing for them only spends the CPU on refusals
         refused = self.refused - first[3]
-        spinning = refused > SPIN * max(1, self.done - first[2])
+        spinning = refused > SPIN * max(1, answered)
         self.shedding = standing and not spinning and (self.inflight > worth or self.shedding)
         if not self.shedding:
             return self.ceiling
@@ -235,10 +235,3 @@ class MethodDoor:
 
     def refuse(self) -> None:
         self.door.count_refusal(self.method)
-
-
-class OpenDoor(Door):
-    """No bound: every request is let in (tests, a front end built without a server)."""
-
-    def __init__(self) -> None:
-        super().__init__(None, None)

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from textserve.service.door import COUNT_MESSAGE
+from textserve.service.door import Door
 from textserve.service.http import routes
 from textserve.service.http.errors import error_body, textserve_error
 from textserve.service.http.messages import JSON, ErrorShape, Request, Response, Route
@@ -44,7 +44,8 @@ class HttpLimits:
 
     max_body_bytes: int = 4 * 1024 * 1024  # --max-message-bytes, as on gRPC
     # --max-concurrent-rpcs, as on gRPC (where grpc.aio refuses past it): inference requests
-    # being answered at once by this process; past it 429 + Retry-After at once. None: no bound.
+    # being answered at once by this process (the door's count when the server gives none);
+    # past it 429 + Retry-After at once. None: no bound.
     max_inflight: int | None = None
 
 
@@ -82,6 +83,9 @@ class HttpApp:
         self.readiness = WARMING
         self.draining = False
         self.inflight = 0  # inference requests being answered
+        # the bound on inference requests in flight (service/door.py): the server's, shared
+        # with gRPC; a front end without one bounds its own by the count alone
+        self.door = ctx.door or Door(limits.max_inflight, None, refusals=ctx.metrics.limit_refusals)
         self._idle = asyncio.Event()
         self._idle.set()
         # --workers: the supervisor's /metrics (every worker summed) and its readiness
@@ -130,8 +134,8 @@ class HttpApp:
             response = await self._answer(route, request, receive)
             await _send(send, response)
             return
-        door = self.ctx.door  # the bound in flight, gRPC's and HTTP's (service/door.py)
-        if door is not None and not door.enter():  # last: nothing refuses it once in
+        door = self.door
+        if not door.enter():  # last: nothing refuses it once in
             door.count_refusal(route.method)
             await _send(send, _refusal(_busy(door.message), route.errors))
             return
@@ -144,8 +148,7 @@ class HttpApp:
             await _send(send, response)
         finally:
             self.inflight -= 1
-            if door is not None:
-                door.leave()
+            door.leave()
             if self.inflight == 0:
                 self._idle.set()
 
@@ -192,8 +195,6 @@ class HttpApp:
                 "UNAVAILABLE",
                 [(b"connection", b"close")],
             )
-        if route.inference and self.limits.max_inflight is not None and self.ctx.door is None:
-            self._bound_inflight(route, self.limits.max_inflight)
         declared = request.header("content-length")
         if (
             declared is not None
@@ -229,14 +230,6 @@ class HttpApp:
             what = f"HTTP {request.method} {route.handler.__name__}"
             status, body = error_body(exc, what, route.errors or textserve_error)
             return Response(status, body)
-
-    def _bound_inflight(self, route: Route, bound: int) -> None:
-        """Overload refused at the door, before the body is read: a request that would wait
-        behind `bound` others is answered 429 (retryable) instead of queueing for seconds."""
-        if self.inflight < bound:
-            return
-        self.ctx.metrics.limit_refusals.labels(route.method, "concurrent_requests").inc()
-        raise _busy(COUNT_MESSAGE.format(n=bound))
 
     def _note_refusal(self, path: str, problem: str) -> None:
         self._refused += 1
