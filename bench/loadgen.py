@@ -282,6 +282,7 @@ async def open_loop(
     raw = RawStep(window_seconds=duration)
     latencies = raw.latencies
     errors = raw.errors
+    outcomes = raw.outcomes
     done_in_window = in_flight = 0
     async with _calls(
         target, pool.method, connections, http_pool=http_pool, workers=workers
@@ -309,6 +310,7 @@ async def open_loop(
                 else:
                     errors[code] += 1
                     raw.error_latencies.setdefault(code, []).append(done - scheduled)
+                outcomes.append((scheduled - start, done - scheduled, code))
 
         watcher = asyncio.create_task(window.watch())
         tasks: set[asyncio.Task[None]] = set()

@@ -58,6 +58,9 @@ class RawStep:
     machine_cpu_share: float | None = None  # busy share of all CPUs in the window (/proc/stat)
     # seconds from send (open loop: scheduled arrival) to each error, by code: how fast refused
     error_latencies: dict[str, list[float]] = field(default_factory=dict)
+    # open loop: (scheduled arrival - window start, seconds to the answer, error code or None)
+    # for each arrival in the window: the run second by second (bench.overload's timeline)
+    outcomes: list[tuple[float, float, str | None]] = field(default_factory=list)
 
     def merge(self, other: RawStep) -> None:
         """Fold in another process's share of the same window."""
@@ -70,6 +73,7 @@ class RawStep:
         self.window_seconds = max(self.window_seconds, other.window_seconds)
         self.loadgen_cpu_seconds += other.loadgen_cpu_seconds
         self.not_sent += other.not_sent
+        self.outcomes.extend(other.outcomes)
 
 
 parse_proc_stat = procfs.parse_cpu_line  # (busy, total) jiffies of /proc/stat's text

@@ -102,6 +102,9 @@ def test_every_api_closed_and_open_loop(api: str, tiny_repository: Path, tiny_ru
         assert raw.texts == 3 * raw.requests_done
         raw, _ = asyncio.run(open_loop(address, pool, 40.0, warmup=0.1, duration=0.4))
         assert raw.errors == {} and raw.requests_done > 0
+        # every arrival in the window, second by second (bench.overload's timeline)
+        assert len(raw.outcomes) == len(raw.latencies) > 0
+        assert all(0 <= at < 0.4 and took > 0 and code is None for at, took, code in raw.outcomes)
 
 
 @pytest.mark.parametrize(("api", "code"), [("v1", "NOT_FOUND"), ("http", "HTTP_404")])
@@ -118,6 +121,7 @@ def test_errors_are_counted_by_status_code(
     # how fast each error came, by code (the open loop's from the scheduled arrival)
     assert len(raw.error_latencies[code]) == raw.errors[code]
     assert len(opened.error_latencies[code]) == opened.errors[code] > 0
+    assert [c for _, _, c in opened.outcomes] == [code] * opened.errors[code]
 
 
 @pytest.mark.slow
