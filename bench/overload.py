@@ -5,7 +5,7 @@ and HTTP, with one worker and two.
         --workers 1,2 --apis v1,http --load 1.5 --duration 60 --output bench/results/overload
 
 For each worker count a fresh `textserve serve` (its defaults otherwise); for each API, on that
-server: a closed loop at `--concurrency` callers (the peak and its p99), then Poisson arrivals
+server (after `--settle` seconds of quiet, the row before's overload over): a closed loop at `--concurrency` callers (the peak and its p99), then Poisson arrivals
 at `--load` x that peak for `--duration` seconds (latency from the scheduled arrival). Per row:
 arrivals, what was answered, the accepted requests' p50/p99 and p99 / the closed loop's, every
 other outcome by code (gRPC names; HTTP_429, HTTP_503, ...) with how fast it came (p50/p99 ms),
@@ -196,6 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="open-loop seconds")
     parser.add_argument("--timeout", type=float, default=10.0, help="a call's own timeout")
     parser.add_argument(
+        "--settle", type=float, default=5.0,
+        help="seconds of quiet between two APIs' rows on one server (its door opens again)",
+    )  # fmt: skip
+    parser.add_argument(
         "--http-pool", type=int, default=None,
         help=f"the HTTP client's connections at most (default: {HTTP_POOL} per server worker, "
         "twice what each lets in at once; 0: unbounded)",
@@ -226,7 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with spawn(
             command, cwd=Path.cwd(), niceness=args.server_nice, cpus=args.server_cpus
         ) as server:
-            for api in args.apis.split(","):
+            for index, api in enumerate(args.apis.split(",")):
+                if index:  # the last row's overload over: this row's peak is the server's own
+                    time.sleep(args.settle)
                 rows.append(measure(server, workers, api, texts, args))
                 print(table(rows[-1:], "").splitlines()[-1], flush=True)
     machine = f"{procfs.cpu_model() or 'unknown CPU'}, {os.cpu_count()} CPUs"

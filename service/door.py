@@ -64,7 +64,11 @@ STANDING = 1.0
 FLOOR = 32
 # the label `limit` of the refusals (metric_labels.LIMITS): under overload, and at the count
 LIMIT, COUNT_LIMIT = "inflight_wait", "concurrent_requests"
-SPIN = 10  # refusals over answered requests in a second past which callers resend at once
+# refusals over answered requests in a second past which callers resend at once: an open loop
+# at 1.5x the peak is refused 1.2-3.6x what is answered (bench/results/overload, 2 vCPUs, one
+# worker and two), an HTTP closed loop of 256 callers begun while the door was narrow 6.8x
+# (bench/results/overload/unread-5e10983-pinned: its "peak" 718/s, half the server's)
+SPIN = 5
 MESSAGE = (
     "the server is overloaded: {n} requests in flight already take {ms:.0f} ms to answer "
     "(--inflight-wait-ms); retry later, with backoff"
