@@ -5,10 +5,11 @@ and HTTP, with one worker and two.
         --workers 1,2 --apis v1,http --load 1.5 --duration 60 --output bench/results/overload
 
 For each worker count a fresh `textserve serve` (its defaults otherwise); for each API, on that
-server (after `--settle` seconds of quiet, the row before's overload over): a closed loop at `--concurrency` callers (the peak and its p99), then Poisson arrivals
-at `--load` x that peak for `--duration` seconds (latency from the scheduled arrival). Per row:
-arrivals, what was answered, the accepted requests' p50/p99 and p99 / the closed loop's, every
-other outcome by code (gRPC names; HTTP_429, HTTP_503, ...) with how fast it came (p50/p99 ms),
+server (after `--settle` seconds of quiet, the row before's overload over): a closed loop at
+`--concurrency` callers (the peak and its p99), then Poisson arrivals at `--load` x that peak
+for `--duration` seconds (latency from the scheduled arrival). Per row: arrivals, what was
+answered, the accepted requests' p50/p99 and p99 / the closed loop's, every other outcome by
+code (gRPC names; HTTP_429, HTTP_503, ...) with how fast it came (p50/p99 ms),
 and the verdict of each promise: nothing CANCELLED, nothing INTERNAL (or 500), every arrival
 answered (no timeouts, nothing unsent), the accepted p99 within `--p99-bound` x the closed
 loop's, and refusals within `--refusal-bound-ms`. Writes OUTPUT/overload.json and .txt; the
