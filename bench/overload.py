@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from textserve import procfs
-from textserve.bench.loadgen import HTTP_POOL, closed_loop, open_loop
+from textserve.bench.loadgen import HTTP_POOL, closed_loop, http_pool, open_loop
 from textserve.bench.process import ServerProcess, serve_command, spawn
 from textserve.bench.requests import build_requests, load_texts
 from textserve.bench.stats import summarize
@@ -97,16 +97,6 @@ def plot_rows(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path) 
         for row in rows
     }
     plot(timelines, path)
-
-
-def http_pool(asked: int | None, workers: int) -> int:
-    """The HTTP client's connections at most: as asked, else HTTP_POOL per server worker. An
-    HTTP/1.1 client sends no more requests at once than it has connections; a pool no larger
-    than what the server's workers let in at once together (512 each) makes the open loop a
-    closed loop of that many callers (measured, two workers and 1,024 connections: arrivals
-    held in the client's pool, the server's door never seeing the overload, accepted p99 15.3x;
-    bench/results/overload/http-pool-workers)."""
-    return HTTP_POOL * workers if asked is None else asked
 
 
 def verdict(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:

@@ -191,7 +191,7 @@ class _Bench:
                 loadgen.open_loop(
                     server.address, pool, rate, warmup=cfg.warmup, duration=cfg.duration,
                     timeout=cfg.timeout, seed=cfg.seed, probe=probe, connections=connections,
-                    workers=workers,
+                    workers=workers, http_pool=loadgen.http_pool(None, workers),
                 )
             )  # fmt: skip
             mode = "open"

@@ -64,8 +64,7 @@ def test_the_plot_draws_each_row(tmp_path: Path) -> None:
 
 
 def test_the_http_pool_grows_with_the_workers_unless_asked() -> None:
-    from textserve.bench.loadgen import HTTP_POOL
-    from textserve.bench.overload import http_pool
+    from textserve.bench.loadgen import HTTP_POOL, http_pool
 
     assert http_pool(None, 1) == HTTP_POOL and http_pool(None, 2) == 2 * HTTP_POOL
     assert http_pool(0, 2) == 0 and http_pool(300, 2) == 300
