@@ -286,13 +286,10 @@ async def open_loop(
     that arrive inside the window (waited for, up to `timeout`). Throughput: requests that
     complete inside the window — what the server really delivered, also above capacity."""
     arrivals = poisson_arrivals(rate, warmup + duration, np.random.default_rng(seed))
-    payloads = pool.payloads
+    payloads, per_request = pool.payloads, pool.texts_per_request
     n_payloads = len(payloads)
-    per_request = pool.texts_per_request
     raw = RawStep(window_seconds=duration)
-    latencies = raw.latencies
-    errors = raw.errors
-    outcomes = raw.outcomes
+    latencies, errors, outcomes = raw.latencies, raw.errors, raw.outcomes
     done_in_window = in_flight = 0
     async with _calls(
         target, pool.method, connections, http_pool=http_pool, workers=workers
