@@ -42,6 +42,7 @@ from typing import Any
 import grpc
 
 from textserve.bench.describe import describe_machine
+from textserve.bench.overload import cpu_list
 from textserve.bench.process import spawn
 from textserve.procfs import tree_cpu_seconds
 
@@ -211,17 +212,6 @@ def _positive(text: str) -> int:
     return value
 
 
-def _cpus(text: str) -> frozenset[int]:
-    try:
-        cpus = frozenset(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a comma-separated list of CPUs, got {text!r}") from None
-    unknown = cpus - os.sched_getaffinity(0)
-    if unknown:
-        raise argparse.ArgumentTypeError(f"CPUs {sorted(unknown)} are not usable here")
-    return cpus
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m textserve.bench.refusal", description=__doc__)
     parser.add_argument("--modes", type=_modes, default=MODES, help=",".join(MODES))
@@ -229,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=_positive, default=3)
     parser.add_argument("--output", type=Path, default=None, help="writes refusal.json and .txt")
     parser.add_argument(
-        "--server-cpus", type=_cpus, default=None, help="pin each server here (e.g. 0)"
+        "--server-cpus", type=cpu_list, default=None, help="pin each server here (e.g. 0)"
     )
     parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)

@@ -238,9 +238,9 @@ async def _check(
 
 def _taken(backlog: Any, sheddable: bool, door: MethodDoor | None) -> Any:
     """Count a call the loop took from grpc (running until the caller's `finally` counts it
-    out, `_out`): its backlog when it is among those to refuse for their wait in grpc, the
-    door when it is past the door's bound (service/door.py), else None (in, and through the
-    door when there is one)."""
+    out of backlog.in_app, and out of the door when it went through it): its backlog when it
+    is among those to refuse for their wait in grpc, the door when it is past the door's
+    bound (service/door.py), else None (in, and through the door when there is one)."""
     backlog.in_app += 1
     backlog.entries += 1
     if sheddable and backlog.entries <= backlog.shed_until:
@@ -248,12 +248,6 @@ def _taken(backlog: Any, sheddable: bool, door: MethodDoor | None) -> Any:
     if door is not None and not door.enter():
         return door
     return None
-
-
-def _out(backlog: Any, shed: Any, door: MethodDoor | None) -> None:
-    backlog.in_app -= 1
-    if door is not None and shed is None:
-        door.leave()
 
 
 def _plain(behavior: Callable[..., Any]) -> Callable[..., Any]:
@@ -286,7 +280,7 @@ def _guard_unary(
                 async for response in behavior(request, context):
                     yield response
             finally:
-                _out(backlog, shed, None)
+                backlog.in_app -= 1
 
         return guarded_stream
 
@@ -302,7 +296,7 @@ def _guard_unary(
                 await _check(method, request, context, gate, shed)
             return await behavior(request, context)
         finally:
-            _out(backlog, shed, None)
+            backlog.in_app -= 1
 
     return guarded
 
@@ -314,12 +308,13 @@ def _guard_door(
     method: str, behavior: Callable[..., Any], gate: Gate, backlog: Any, door: MethodDoor
 ) -> Callable[..., Any]:
     """A unary inference call through the door (service/door.py), as grpc.aio's stream-unary
-    shape: the door, the backlog and the gate judge the call before its message is read, and
-    a refusal is a status set and returned (no exception, no message received, no parse).
-    Measured on grpc.aio alone (2 vCPUs): a refusal in a unary handler by context.abort costs
-    ~203 us of server CPU, by set_code ~179, before the read ~161, grpc.aio's own limiter's
-    ~155; the door's refusals are most of a worker's work under overload. A caller sees a
-    unary call either way (one message, one answer, one status)."""
+    shape: the door and the backlog judge the call before its message is read, and a refusal
+    is a status set and returned (no exception, no message received, no parse); the gate and
+    the decode guard then judge it as any unary call (`_check`). What one refusal costs the
+    server (`python -m textserve.bench.refusal`, bench/results/refusal, 2 vCPUs): this 1.11x
+    grpc.aio's own limiter's, context.abort in a unary handler 1.25x; the door's refusals are
+    most of a worker's work under overload. A caller sees a unary call either way (one
+    message, one answer, one status)."""
 
     async def guarded(requests: Any, context: grpc.aio.ServicerContext) -> Any:
         shed = _taken(backlog, True, door)
@@ -329,18 +324,16 @@ def _guard_door(
                 context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
                 context.set_details(shed.message)
                 return None
-            if gate.closed and not await gate.hold():
-                await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
             request = await context.read()
             if request is grpc.aio.EOF:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: {NO_MESSAGE}")
-            if isinstance(request, Undecodable):
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, _message(method, request.reason)
-                )
+            if gate.closed or isinstance(request, Undecodable):
+                await _check(method, request, context, gate, None)
             return await behavior(request, context)
         finally:
-            _out(backlog, shed, door)
+            backlog.in_app -= 1
+            if shed is None:  # let in through the door: out of it again
+                door.leave()
 
     return guarded
 
